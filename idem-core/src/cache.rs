@@ -1,0 +1,55 @@
+//! An optional in-process cache of completed records in front of the store.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use crate::key::Key;
+use crate::store::Fingerprint;
+
+#[derive(Clone)]
+pub(crate) struct Hit {
+    pub fingerprint: Fingerprint,
+    pub payload: Bytes,
+    expires_at: Instant,
+}
+
+pub(crate) struct LocalCache {
+    entries: quick_cache::sync::Cache<Key, Hit>,
+    max_age: Duration,
+}
+
+impl LocalCache {
+    pub fn new(capacity: usize, max_age: Duration) -> Self {
+        LocalCache {
+            entries: quick_cache::sync::Cache::new(capacity),
+            max_age,
+        }
+    }
+
+    pub fn get(&self, key: &Key) -> Option<Hit> {
+        let hit = self.entries.get(key)?;
+        if Instant::now() >= hit.expires_at {
+            self.entries.remove(key);
+            return None;
+        }
+        Some(hit)
+    }
+
+    pub fn insert(&self, key: Key, fingerprint: Fingerprint, payload: Bytes, ttl: Duration) {
+        let expires_at = Instant::now() + ttl.min(self.max_age);
+        self.entries.insert(
+            key,
+            Hit {
+                fingerprint,
+                payload,
+                expires_at,
+            },
+        );
+    }
+
+    pub fn remove(&self, key: &Key) {
+        self.entries.remove(key);
+    }
+}

@@ -1,0 +1,467 @@
+//! Stable digests of `Serialize` values: key ids and fingerprints.
+//!
+//! The value is fed to blake3 through a serde `Serializer` that writes a fixed, tagged
+//! encoding: every item starts with a tag byte, strings and bytes carry their length,
+//! sequences and structs are closed by an end tag, and enum variants are named, not
+//! numbered. The encoding does not depend on the platform, the process or the release,
+//! so a key computed on one machine today is the key computed on another tomorrow
+//! (golden vectors in the tests guard this). Map entries are hashed one by one and
+//! combined in sorted order, so a `HashMap` digests the same whatever its iteration order.
+//! Type names are not part of the encoding: renaming a struct keeps its digests.
+
+use serde::ser::{self, Serialize};
+
+/// Context strings for blake3's key derivation: a key digest and a fingerprint of the same
+/// value differ, so one can never be mistaken for the other.
+const KEY_CONTEXT: &str = "idem 2026-11-29 key id v1";
+const FINGERPRINT_CONTEXT: &str = "idem 2026-11-29 fingerprint v1";
+
+/// The 128-bit digest of `value`, as 32 lowercase hex characters: the key id of a
+/// value that is not a string or an integer.
+///
+/// ```
+/// let a = idem_core::digest_hex(&("order", 42));
+/// assert_eq!(a.len(), 32);
+/// assert_eq!(a, idem_core::digest_hex(&("order", 42)));
+/// assert_ne!(a, idem_core::digest_hex(&("order", 43)));
+/// ```
+pub fn digest_hex<T: Serialize + ?Sized>(value: &T) -> String {
+    let bytes = digest_with(KEY_CONTEXT, value);
+    let mut out = String::with_capacity(32);
+    for b in &bytes[..16] {
+        out.push(char::from_digit((b >> 4) as u32, 16).unwrap_or('0'));
+        out.push(char::from_digit((b & 0xf) as u32, 16).unwrap_or('0'));
+    }
+    out
+}
+
+/// The 128-bit fingerprint digest of `value`.
+pub(crate) fn fingerprint_bytes<T: Serialize + ?Sized>(value: &T) -> [u8; 16] {
+    let full = digest_with(FINGERPRINT_CONTEXT, value);
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&full[..16]);
+    out
+}
+
+fn digest_with<T: Serialize + ?Sized>(context: &str, value: &T) -> [u8; 32] {
+    let mut hasher = blake3::Hasher::new_derive_key(context);
+    // The digest serializer cannot fail except through a user's Serialize impl returning a
+    // custom error; that error text is then hashed so the digest stays deterministic.
+    if let Err(DigestError(msg)) = value.serialize(Digester { h: &mut hasher }) {
+        hasher.update(&[tag::ERROR]);
+        hasher.update(msg.as_bytes());
+    }
+    *hasher.finalize().as_bytes()
+}
+
+mod tag {
+    pub const BOOL: u8 = 0x01;
+    pub const INT: u8 = 0x02;
+    pub const UINT: u8 = 0x03;
+    pub const FLOAT: u8 = 0x04;
+    pub const CHAR: u8 = 0x05;
+    pub const STR: u8 = 0x06;
+    pub const BYTES: u8 = 0x07;
+    pub const NONE: u8 = 0x08;
+    pub const SOME: u8 = 0x09;
+    pub const UNIT: u8 = 0x0a;
+    pub const VARIANT: u8 = 0x0b;
+    pub const SEQ: u8 = 0x0c;
+    pub const TUPLE: u8 = 0x0d;
+    pub const MAP: u8 = 0x0e;
+    pub const STRUCT: u8 = 0x0f;
+    pub const END: u8 = 0x10;
+    pub const ERROR: u8 = 0xff;
+}
+
+#[derive(Debug)]
+struct DigestError(String);
+
+impl std::fmt::Display for DigestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for DigestError {}
+impl ser::Error for DigestError {
+    fn custom<T: std::fmt::Display>(msg: T) -> Self {
+        DigestError(msg.to_string())
+    }
+}
+
+struct Digester<'a> {
+    h: &'a mut blake3::Hasher,
+}
+
+impl Digester<'_> {
+    fn tag(&mut self, t: u8) {
+        self.h.update(&[t]);
+    }
+    fn len(&mut self, n: usize) {
+        self.h.update(&(n as u64).to_le_bytes());
+    }
+    fn str(&mut self, s: &str) {
+        self.tag(tag::STR);
+        self.len(s.len());
+        self.h.update(s.as_bytes());
+    }
+}
+
+type R = Result<(), DigestError>;
+
+impl<'a> ser::Serializer for Digester<'a> {
+    type Ok = ();
+    type Error = DigestError;
+    type SerializeSeq = Seq<'a>;
+    type SerializeTuple = Seq<'a>;
+    type SerializeTupleStruct = Seq<'a>;
+    type SerializeTupleVariant = Seq<'a>;
+    type SerializeMap = Map<'a>;
+    type SerializeStruct = Seq<'a>;
+    type SerializeStructVariant = Seq<'a>;
+
+    fn serialize_bool(mut self, v: bool) -> R {
+        self.tag(tag::BOOL);
+        self.h.update(&[v as u8]);
+        Ok(())
+    }
+    fn serialize_i8(self, v: i8) -> R {
+        self.serialize_i128(v.into())
+    }
+    fn serialize_i16(self, v: i16) -> R {
+        self.serialize_i128(v.into())
+    }
+    fn serialize_i32(self, v: i32) -> R {
+        self.serialize_i128(v.into())
+    }
+    fn serialize_i64(self, v: i64) -> R {
+        self.serialize_i128(v.into())
+    }
+    fn serialize_i128(mut self, v: i128) -> R {
+        self.tag(tag::INT);
+        self.h.update(&v.to_le_bytes());
+        Ok(())
+    }
+    fn serialize_u8(self, v: u8) -> R {
+        self.serialize_u128(v.into())
+    }
+    fn serialize_u16(self, v: u16) -> R {
+        self.serialize_u128(v.into())
+    }
+    fn serialize_u32(self, v: u32) -> R {
+        self.serialize_u128(v.into())
+    }
+    fn serialize_u64(self, v: u64) -> R {
+        self.serialize_u128(v.into())
+    }
+    fn serialize_u128(mut self, v: u128) -> R {
+        self.tag(tag::UINT);
+        self.h.update(&v.to_le_bytes());
+        Ok(())
+    }
+    fn serialize_f32(self, v: f32) -> R {
+        self.serialize_f64(v.into())
+    }
+    fn serialize_f64(mut self, v: f64) -> R {
+        self.tag(tag::FLOAT);
+        // One NaN and one zero, so that equal-looking requests digest alike.
+        let v = if v.is_nan() {
+            f64::NAN
+        } else if v == 0.0 {
+            0.0
+        } else {
+            v
+        };
+        self.h.update(&v.to_bits().to_le_bytes());
+        Ok(())
+    }
+    fn serialize_char(mut self, v: char) -> R {
+        self.tag(tag::CHAR);
+        self.h.update(&(v as u32).to_le_bytes());
+        Ok(())
+    }
+    fn serialize_str(mut self, v: &str) -> R {
+        self.str(v);
+        Ok(())
+    }
+    fn serialize_bytes(mut self, v: &[u8]) -> R {
+        self.tag(tag::BYTES);
+        self.len(v.len());
+        self.h.update(v);
+        Ok(())
+    }
+    fn serialize_none(mut self) -> R {
+        self.tag(tag::NONE);
+        Ok(())
+    }
+    fn serialize_some<T: Serialize + ?Sized>(mut self, value: &T) -> R {
+        self.tag(tag::SOME);
+        value.serialize(self)
+    }
+    fn serialize_unit(mut self) -> R {
+        self.tag(tag::UNIT);
+        Ok(())
+    }
+    fn serialize_unit_struct(self, _name: &'static str) -> R {
+        self.serialize_unit()
+    }
+    fn serialize_unit_variant(mut self, _name: &'static str, _i: u32, variant: &'static str) -> R {
+        self.tag(tag::VARIANT);
+        self.str(variant);
+        self.tag(tag::UNIT);
+        Ok(())
+    }
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _name: &'static str, value: &T) -> R {
+        value.serialize(self)
+    }
+    fn serialize_newtype_variant<T: Serialize + ?Sized>(
+        mut self,
+        _name: &'static str,
+        _i: u32,
+        variant: &'static str,
+        value: &T,
+    ) -> R {
+        self.tag(tag::VARIANT);
+        self.str(variant);
+        value.serialize(self)
+    }
+    fn serialize_seq(mut self, _len: Option<usize>) -> Result<Seq<'a>, DigestError> {
+        self.tag(tag::SEQ);
+        Ok(Seq { h: self.h })
+    }
+    fn serialize_tuple(mut self, _len: usize) -> Result<Seq<'a>, DigestError> {
+        self.tag(tag::TUPLE);
+        Ok(Seq { h: self.h })
+    }
+    fn serialize_tuple_struct(self, _name: &'static str, len: usize) -> Result<Seq<'a>, DigestError> {
+        self.serialize_tuple(len)
+    }
+    fn serialize_tuple_variant(
+        mut self,
+        _name: &'static str,
+        _i: u32,
+        variant: &'static str,
+        _len: usize,
+    ) -> Result<Seq<'a>, DigestError> {
+        self.tag(tag::VARIANT);
+        self.str(variant);
+        self.tag(tag::TUPLE);
+        Ok(Seq { h: self.h })
+    }
+    fn serialize_map(self, len: Option<usize>) -> Result<Map<'a>, DigestError> {
+        Ok(Map {
+            h: self.h,
+            entries: Vec::with_capacity(len.unwrap_or(0)),
+            pending: None,
+        })
+    }
+    fn serialize_struct(mut self, _name: &'static str, _len: usize) -> Result<Seq<'a>, DigestError> {
+        self.tag(tag::STRUCT);
+        Ok(Seq { h: self.h })
+    }
+    fn serialize_struct_variant(
+        mut self,
+        _name: &'static str,
+        _i: u32,
+        variant: &'static str,
+        _len: usize,
+    ) -> Result<Seq<'a>, DigestError> {
+        self.tag(tag::VARIANT);
+        self.str(variant);
+        self.tag(tag::STRUCT);
+        Ok(Seq { h: self.h })
+    }
+}
+
+/// Sequences, tuples and structs: items in order, closed by an end tag.
+struct Seq<'a> {
+    h: &'a mut blake3::Hasher,
+}
+
+impl Seq<'_> {
+    fn item<T: Serialize + ?Sized>(&mut self, v: &T) -> R {
+        v.serialize(Digester { h: self.h })
+    }
+    fn end(self) -> R {
+        self.h.update(&[tag::END]);
+        Ok(())
+    }
+}
+
+impl ser::SerializeSeq for Seq<'_> {
+    type Ok = ();
+    type Error = DigestError;
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> R {
+        self.item(v)
+    }
+    fn end(self) -> R {
+        Seq::end(self)
+    }
+}
+impl ser::SerializeTuple for Seq<'_> {
+    type Ok = ();
+    type Error = DigestError;
+    fn serialize_element<T: Serialize + ?Sized>(&mut self, v: &T) -> R {
+        self.item(v)
+    }
+    fn end(self) -> R {
+        Seq::end(self)
+    }
+}
+impl ser::SerializeTupleStruct for Seq<'_> {
+    type Ok = ();
+    type Error = DigestError;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> R {
+        self.item(v)
+    }
+    fn end(self) -> R {
+        Seq::end(self)
+    }
+}
+impl ser::SerializeTupleVariant for Seq<'_> {
+    type Ok = ();
+    type Error = DigestError;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, v: &T) -> R {
+        self.item(v)
+    }
+    fn end(self) -> R {
+        Seq::end(self)
+    }
+}
+impl ser::SerializeStruct for Seq<'_> {
+    type Ok = ();
+    type Error = DigestError;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, v: &T) -> R {
+        Digester { h: self.h }.str(key);
+        self.item(v)
+    }
+    fn end(self) -> R {
+        Seq::end(self)
+    }
+}
+impl ser::SerializeStructVariant for Seq<'_> {
+    type Ok = ();
+    type Error = DigestError;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, v: &T) -> R {
+        Digester { h: self.h }.str(key);
+        self.item(v)
+    }
+    fn end(self) -> R {
+        Seq::end(self)
+    }
+}
+
+/// Maps: each entry is digested on its own, and the entry digests are fed in sorted order.
+struct Map<'a> {
+    h: &'a mut blake3::Hasher,
+    entries: Vec<[u8; 32]>,
+    pending: Option<blake3::Hasher>,
+}
+
+impl ser::SerializeMap for Map<'_> {
+    type Ok = ();
+    type Error = DigestError;
+    fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> R {
+        let mut entry = blake3::Hasher::new();
+        key.serialize(Digester { h: &mut entry })?;
+        self.pending = Some(entry);
+        Ok(())
+    }
+    fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> R {
+        let mut entry = self
+            .pending
+            .take()
+            .ok_or_else(|| DigestError("map value without a key".into()))?;
+        value.serialize(Digester { h: &mut entry })?;
+        self.entries.push(*entry.finalize().as_bytes());
+        Ok(())
+    }
+    fn end(mut self) -> R {
+        self.entries.sort_unstable();
+        self.h.update(&[tag::MAP]);
+        self.h.update(&(self.entries.len() as u64).to_le_bytes());
+        for e in &self.entries {
+            self.h.update(e);
+        }
+        self.h.update(&[tag::END]);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::{BTreeMap, HashMap};
+
+    #[derive(serde::Serialize)]
+    struct Charge<'a> {
+        order_id: &'a str,
+        amount_cents: u64,
+        currency: &'a str,
+    }
+
+    /// Golden vectors: these strings must never change, or every stored key changes with them.
+    #[test]
+    fn golden_vectors() {
+        let cases: Vec<(String, &str)> = vec![
+            (digest_hex(&()), "GOLDEN_UNIT"),
+            (digest_hex("order-42"), "GOLDEN_STR"),
+            (digest_hex(&42u64), "GOLDEN_U64"),
+            (digest_hex(&(1i32, "a", true)), "GOLDEN_TUPLE"),
+            (
+                digest_hex(&Charge {
+                    order_id: "o-1",
+                    amount_cents: 1250,
+                    currency: "EUR",
+                }),
+                "GOLDEN_STRUCT",
+            ),
+            (digest_hex(&vec![Some(1u8), None]), "GOLDEN_SEQ"),
+        ];
+        for (got, want) in cases {
+            assert_eq!(got, want);
+        }
+    }
+
+    #[test]
+    fn integer_width_does_not_matter_but_sign_does() {
+        assert_eq!(digest_hex(&7u8), digest_hex(&7u64));
+        assert_eq!(digest_hex(&-7i8), digest_hex(&-7i64));
+        assert_ne!(digest_hex(&7u8), digest_hex(&7i8));
+    }
+
+    #[test]
+    fn adjacent_strings_do_not_run_together() {
+        assert_ne!(digest_hex(&("ab", "c")), digest_hex(&("a", "bc")));
+        assert_ne!(digest_hex(&(vec![1u8], vec![2u8])), digest_hex(&(vec![1u8, 2], Vec::<u8>::new())));
+    }
+
+    #[test]
+    fn maps_digest_alike_whatever_their_order() {
+        let mut h = HashMap::new();
+        let mut b = BTreeMap::new();
+        for i in 0..100u32 {
+            h.insert(format!("k{i}"), i);
+            b.insert(format!("k{i}"), i);
+        }
+        assert_eq!(digest_hex(&h), digest_hex(&b));
+        b.insert("k0".into(), 1);
+        assert_ne!(digest_hex(&h), digest_hex(&b));
+    }
+
+    #[test]
+    fn key_and_fingerprint_digests_differ() {
+        let k = digest_hex("x");
+        let fp = fingerprint_bytes("x");
+        let fp_hex: String = fp.iter().map(|b| format!("{b:02x}")).collect();
+        assert_ne!(k, fp_hex);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn distinct_string_pairs_have_distinct_digests(a in ".{0,12}", b in ".{0,12}", c in ".{0,12}", d in ".{0,12}") {
+            proptest::prop_assume!((a.clone(), b.clone()) != (c.clone(), d.clone()));
+            proptest::prop_assert_ne!(digest_hex(&(&a, &b)), digest_hex(&(&c, &d)));
+        }
+    }
+}

@@ -1,0 +1,649 @@
+//! The `Idem` engine: claim, run once, store, replay.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::{pin, Pin};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{de::DeserializeOwned, Serialize};
+use tokio::time::Instant;
+
+use crate::cache::LocalCache;
+use crate::codec::{BuiltinCodec, Codec};
+use crate::envelope::{self, Kind};
+use crate::error::{BoxError, DecodeError, Error, StoreError};
+use crate::key::Key;
+use crate::store::{Claim, Fingerprint, Store, Token};
+
+/// The default time a stored result lives: 24 hours.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// The default lease of a claim: 30 seconds, extended in the background while the body runs.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The default longest wait for a concurrent duplicate in `InProgress::Wait` mode.
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The shortest ttl or lease accepted: stores keep time in milliseconds.
+const MIN_DURATION: Duration = Duration::from_millis(1);
+/// Longest pause between two claims of a waiting caller on a store that does not wake waiters.
+const MAX_POLL: Duration = Duration::from_millis(250);
+const FIRST_POLL: Duration = Duration::from_millis(5);
+/// Attempts to store a result before the caller sees `Error::Store`.
+const COMPLETE_ATTEMPTS: u32 = 3;
+
+/// What a call does when another call holds its key and is still running.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum InProgress {
+    /// Answer at once with [`Error::InProgress`] and a retry-after hint.
+    #[default]
+    Reject,
+    /// Wait (up to the wait timeout) for the first call's result and return it.
+    Wait,
+}
+
+/// The idempotency engine: a store plus defaults. Cheap to clone; share one per process.
+///
+/// See the `idem` crate's documentation for a runnable example on the memory store.
+#[derive(Clone)]
+pub struct Idem {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    codec: BuiltinCodec,
+    ttl: Duration,
+    lease: Duration,
+    in_progress: InProgress,
+    wait_timeout: Duration,
+    cache: Option<LocalCache>,
+}
+
+impl std::fmt::Debug for Idem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idem")
+            .field("store", &self.inner.store)
+            .field("codec", &self.inner.codec)
+            .field("ttl", &self.inner.ttl)
+            .field("lease", &self.inner.lease)
+            .field("in_progress", &self.inner.in_progress)
+            .field("wait_timeout", &self.inner.wait_timeout)
+            .field("local_cache", &self.inner.cache.is_some())
+            .finish()
+    }
+}
+
+/// Builds an [`Idem`]: `Idem::builder().store(s).ttl(...).build()`.
+#[derive(Debug, Default)]
+#[must_use]
+pub struct IdemBuilder {
+    store: Option<Arc<dyn Store>>,
+    codec: BuiltinCodec,
+    ttl: Option<Duration>,
+    lease: Option<Duration>,
+    in_progress: InProgress,
+    wait_timeout: Option<Duration>,
+    local_cache: Option<(usize, Duration)>,
+}
+
+impl IdemBuilder {
+    /// The store (required). Any `Store`, including an `Arc<dyn Store>`.
+    pub fn store<S: Store>(mut self, store: S) -> Self {
+        self.store = Some(Arc::new(store));
+        self
+    }
+
+    /// A store already shared as `Arc<dyn Store>`.
+    pub fn shared_store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// The codec of stored results (default JSON).
+    pub fn codec(mut self, codec: BuiltinCodec) -> Self {
+        self.codec = codec;
+        self
+    }
+
+    /// How long a stored result lives (default 24 hours).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// How long a claim holds its key before another caller may take it over (default 30
+    /// seconds). The engine extends it every third of its length while the body runs.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// What a concurrent duplicate does (default [`InProgress::Reject`]).
+    pub fn in_progress(mut self, mode: InProgress) -> Self {
+        self.in_progress = mode;
+        self
+    }
+
+    /// How long a duplicate waits in [`InProgress::Wait`] mode (default 10 seconds).
+    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
+        self.wait_timeout = Some(timeout);
+        self
+    }
+
+    /// Keeps up to `capacity` completed results in process memory for at most `max_age`,
+    /// so that replays of hot keys skip the store. A record deleted from the store through
+    /// another process may still be replayed from here until `max_age` passes.
+    pub fn local_cache(mut self, capacity: usize, max_age: Duration) -> Self {
+        self.local_cache = Some((capacity, max_age));
+        self
+    }
+
+    /// Builds the engine. Fails when no store was given or a duration is zero.
+    pub fn build(self) -> Result<Idem, Error> {
+        let store = self.store.ok_or_else(|| Error::Connect {
+            message: "Idem::builder() needs a store: call .store(...) before .build()".into(),
+            source: None,
+        })?;
+        let ttl = self.ttl.unwrap_or(DEFAULT_TTL);
+        let lease = self.lease.unwrap_or(DEFAULT_LEASE);
+        let wait_timeout = self.wait_timeout.unwrap_or(DEFAULT_WAIT_TIMEOUT);
+        for (name, d) in [("ttl", ttl), ("lease", lease), ("wait_timeout", wait_timeout)] {
+            if d < MIN_DURATION {
+                return Err(Error::Connect {
+                    message: format!("Idem::builder(): `{name}` is {d:?}; it must be at least 1ms"),
+                    source: None,
+                });
+            }
+        }
+        Ok(Idem {
+            inner: Arc::new(Inner {
+                store,
+                codec: self.codec,
+                ttl,
+                lease,
+                in_progress: self.in_progress,
+                wait_timeout,
+                cache: self
+                    .local_cache
+                    .filter(|(capacity, _)| *capacity > 0)
+                    .map(|(capacity, max_age)| LocalCache::new(capacity, max_age)),
+            }),
+        })
+    }
+}
+
+impl Idem {
+    /// An engine on `store` with every default.
+    pub fn new<S: Store>(store: S) -> Idem {
+        Idem::builder()
+            .store(store)
+            .build()
+            .expect("the defaults are valid")
+    }
+
+    /// A builder.
+    pub fn builder() -> IdemBuilder {
+        IdemBuilder::default()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// The default time to live of stored results.
+    pub fn ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    /// The default lease.
+    pub fn lease(&self) -> Duration {
+        self.inner.lease
+    }
+
+    /// Starts a call under `key`, whose options can then be set one by one.
+    pub fn call(&self, key: Key) -> Call<'_, BuiltinCodec> {
+        self.call_checked(Ok(key))
+    }
+
+    /// Starts a call whose key may have failed to build; the error is returned when the
+    /// call runs, before any store access. This is what `#[idempotent]` expands to.
+    pub fn call_checked(&self, key: Result<Key, Error>) -> Call<'_, BuiltinCodec> {
+        Call {
+            idem: self,
+            key,
+            fingerprint: Fingerprint::NONE,
+            ttl: None,
+            lease: None,
+            in_progress: None,
+            wait_timeout: None,
+            codec: self.inner.codec,
+        }
+    }
+
+    /// Runs `body` at most once for `key` and returns its (stored) result.
+    /// Shorthand for `self.call(key).fingerprint(fingerprint).run(body)`.
+    pub async fn run<T, F, Fut>(&self, key: Key, fingerprint: Fingerprint, body: F) -> Result<T, Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = T>,
+        T: Serialize + DeserializeOwned,
+    {
+        self.call(key).fingerprint(fingerprint).run(body).await
+    }
+
+    /// Deletes the record under `key` from the store and from the local cache, so that the
+    /// next call runs the body again.
+    pub async fn forget(&self, key: &Key) -> Result<bool, Error> {
+        if let Some(cache) = &self.inner.cache {
+            cache.remove(key);
+        }
+        self.inner.store.delete(key).await.map_err(|source| Error::Store {
+            key: key.clone(),
+            source,
+        })
+    }
+}
+
+/// One idempotent call: its key, fingerprint and options. Built by [`Idem::call`].
+#[must_use = "a call does nothing until `.run(...)` is awaited"]
+pub struct Call<'a, C = BuiltinCodec> {
+    idem: &'a Idem,
+    key: Result<Key, Error>,
+    fingerprint: Fingerprint,
+    ttl: Option<Duration>,
+    lease: Option<Duration>,
+    in_progress: Option<InProgress>,
+    wait_timeout: Option<Duration>,
+    codec: C,
+}
+
+impl<'a, C: Codec> Call<'a, C> {
+    /// The fingerprint of the request (default [`Fingerprint::NONE`]: no check).
+    pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
+        self.fingerprint = fingerprint;
+        self
+    }
+
+    /// The time to live of this call's result.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// The lease of this call's claim.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// What a concurrent duplicate of this call does.
+    pub fn in_progress(mut self, mode: InProgress) -> Self {
+        self.in_progress = Some(mode);
+        self
+    }
+
+    /// How long this call waits for a concurrent duplicate in wait mode.
+    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
+        self.wait_timeout = Some(timeout);
+        self
+    }
+
+    /// The codec of this call's result.
+    pub fn codec<C2: Codec>(self, codec: C2) -> Call<'a, C2> {
+        Call {
+            idem: self.idem,
+            key: self.key,
+            fingerprint: self.fingerprint,
+            ttl: self.ttl,
+            lease: self.lease,
+            in_progress: self.in_progress,
+            wait_timeout: self.wait_timeout,
+            codec,
+        }
+    }
+
+    /// Runs a body that cannot fail: its value is stored and replayed.
+    pub async fn run<T, F, Fut>(self, body: F) -> Result<T, Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = T>,
+        T: Serialize + DeserializeOwned,
+    {
+        let out = self
+            .execute(|| async { Ok::<T, Infallible>(body().await) }, NoCache)
+            .await?;
+        match out {
+            Ok(v) => Ok(v),
+            Err(never) => match never {},
+        }
+    }
+
+    /// Runs a fallible body: `Ok` is stored and replayed, `Err` releases the claim so that a
+    /// retry runs the body again.
+    pub async fn run_fallible<T, E, F, Fut>(self, body: F) -> Result<T, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+    {
+        match self.execute(body, NoCache).await {
+            Ok(out) => out,
+            Err(e) => Err(E::from(e)),
+        }
+    }
+
+    /// Like [`run_fallible`](Self::run_fallible), but an `Err` for which `cache_if` answers
+    /// true is stored and replayed like a success (a declined card stays declined).
+    pub async fn run_caching_errors<T, E, F, Fut, P>(self, cache_if: P, body: F) -> Result<T, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        E: From<Error> + Serialize + DeserializeOwned,
+        P: Fn(&E) -> bool,
+    {
+        match self.execute(body, CacheIf(cache_if)).await {
+            Ok(out) => out,
+            Err(e) => Err(E::from(e)),
+        }
+    }
+
+    async fn execute<T, E, F, Fut, P>(self, body: F, policy: P) -> Result<Result<T, E>, Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        P: ErrorPolicy<E>,
+    {
+        let key = self.key?;
+        let inner = &*self.idem.inner;
+        let ttl = self.ttl.unwrap_or(inner.ttl);
+        let lease = self.lease.unwrap_or(inner.lease);
+        let mode = self.in_progress.unwrap_or(inner.in_progress);
+        let wait_timeout = self.wait_timeout.unwrap_or(inner.wait_timeout);
+        for (option, d) in [("ttl", ttl), ("lease", lease), ("wait_timeout", wait_timeout)] {
+            if d < MIN_DURATION {
+                return Err(Error::InvalidOption {
+                    key,
+                    option,
+                    reason: format!("{d:?} is too short; it must be at least 1ms"),
+                });
+            }
+        }
+        let fp = self.fingerprint;
+        let codec = &self.codec;
+        let store = &*inner.store;
+
+        if let Some(hit) = inner.cache.as_ref().and_then(|c| c.get(&key)) {
+            if !fp.matches(&hit.fingerprint) {
+                return Err(Error::KeyReuse { key });
+            }
+            tracing::debug!(target: "idem", key = %key, "replay from the local cache");
+            return decode(codec, &policy, key, &hit.payload);
+        }
+
+        let started = Instant::now();
+        let mut poll = FIRST_POLL;
+        let token = loop {
+            let claim = store
+                .claim(&key, &fp, lease)
+                .await
+                .map_err(|source| store_error(&key, source))?;
+            match claim {
+                Claim::Acquired { token, recovered } => {
+                    if recovered {
+                        tracing::warn!(target: "idem", key = %key, token = %token,
+                            "took over a claim whose lease had ended: its holder stopped or stalled");
+                    } else {
+                        tracing::debug!(target: "idem", key = %key, token = %token, "claimed");
+                    }
+                    break token;
+                }
+                Claim::Completed { fingerprint, payload } => {
+                    if !fp.matches(&fingerprint) {
+                        return Err(Error::KeyReuse { key });
+                    }
+                    tracing::debug!(target: "idem", key = %key, "replay");
+                    if let Some(cache) = &inner.cache {
+                        cache.insert(key.clone(), fingerprint, payload.clone(), ttl);
+                    }
+                    return decode(codec, &policy, key, &payload);
+                }
+                Claim::InProgress {
+                    fingerprint,
+                    retry_after,
+                } => {
+                    if !fp.matches(&fingerprint) {
+                        return Err(Error::KeyReuse { key });
+                    }
+                    if mode == InProgress::Reject {
+                        return Err(Error::InProgress { key, retry_after });
+                    }
+                    let waited = started.elapsed();
+                    if waited >= wait_timeout {
+                        return Err(Error::WaitTimeout { key, waited });
+                    }
+                    let left = wait_timeout - waited;
+                    let step = if store.capabilities().wakes_waiters {
+                        // Woken on change; the lease end is the latest useful look.
+                        retry_after.max(MIN_DURATION).min(left)
+                    } else {
+                        poll.min(retry_after.max(MIN_DURATION)).min(left)
+                    };
+                    poll = (poll * 2).min(MAX_POLL);
+                    tracing::trace!(target: "idem", key = %key, ?step, "waiting for the holder");
+                    store
+                        .wait(&key, step)
+                        .await
+                        .map_err(|source| store_error(&key, source))?;
+                }
+            }
+        };
+
+        // From here until the record is completed or released, dropping this future (or a
+        // panic in the body) releases the claim in the background.
+        let mut guard = ReleaseGuard {
+            store: inner.store.clone(),
+            key: key.clone(),
+            token: Some(token),
+        };
+        let (out, lease_lost) = with_heartbeat(store, &key, token, lease, body()).await;
+
+        let sealed = match &out {
+            Ok(value) => Some(envelope::seal(codec, Kind::Value, value)),
+            Err(e) if policy.cache(e) => Some(policy.seal(codec, e)),
+            Err(_) => None,
+        };
+        let sealed = match sealed {
+            None => {
+                guard.release().await;
+                return Ok(out);
+            }
+            Some(Err(source)) => {
+                guard.release().await;
+                return Err(Error::Encode { key, source });
+            }
+            Some(Ok(bytes)) => Bytes::from(bytes),
+        };
+        if lease_lost {
+            guard.disarm();
+            return Err(Error::LeaseLost { key });
+        }
+        let mut attempt = 1;
+        loop {
+            match store.complete(&key, token, sealed.clone(), ttl).await {
+                Ok(()) => break,
+                Err(StoreError::Fenced) => {
+                    guard.disarm();
+                    tracing::warn!(target: "idem", key = %key, token = %token,
+                        "lease lost before the result was stored");
+                    return Err(Error::LeaseLost { key });
+                }
+                Err(e) if e.is_temporary() && attempt < COMPLETE_ATTEMPTS => {
+                    tracing::warn!(target: "idem", key = %key, attempt, error = %e,
+                        "storing the result failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt))).await;
+                    attempt += 1;
+                }
+                Err(source) => {
+                    // The body ran but its result is not stored. Releasing would invite a
+                    // second run at once; the lease ends on its own instead.
+                    guard.disarm();
+                    return Err(store_error(&key, source));
+                }
+            }
+        }
+        guard.disarm();
+        tracing::debug!(target: "idem", key = %key, token = %token, "completed");
+        if let Some(cache) = &inner.cache {
+            cache.insert(key, fp, sealed, ttl);
+        }
+        Ok(out)
+    }
+}
+
+fn store_error(key: &Key, source: StoreError) -> Error {
+    Error::Store {
+        key: key.clone(),
+        source,
+    }
+}
+
+fn decode<C: Codec, T: DeserializeOwned, E, P: ErrorPolicy<E>>(
+    codec: &C,
+    policy: &P,
+    key: Key,
+    bytes: &[u8],
+) -> Result<Result<T, E>, Error> {
+    let res = envelope::open(codec, bytes).and_then(|(kind, tag, payload)| match kind {
+        Kind::Value => envelope::decode_payload(codec, tag, payload).map(Ok),
+        Kind::Error => policy.decode(codec, tag, payload).map(Err),
+    });
+    res.map_err(|source| Error::Decode { key, source })
+}
+
+/// Whether and how errors of a body are stored.
+trait ErrorPolicy<E> {
+    fn cache(&self, e: &E) -> bool;
+    fn seal<C: Codec>(&self, codec: &C, e: &E) -> Result<Vec<u8>, BoxError>;
+    fn decode<C: Codec>(&self, codec: &C, tag: u64, payload: &[u8]) -> Result<E, DecodeError>;
+}
+
+struct NoCache;
+
+impl<E> ErrorPolicy<E> for NoCache {
+    fn cache(&self, _: &E) -> bool {
+        false
+    }
+    fn seal<C: Codec>(&self, _: &C, _: &E) -> Result<Vec<u8>, BoxError> {
+        Err("this call does not cache errors".into())
+    }
+    fn decode<C: Codec>(&self, _: &C, _: u64, _: &[u8]) -> Result<E, DecodeError> {
+        Err(DecodeError::UnexpectedError)
+    }
+}
+
+struct CacheIf<P>(P);
+
+impl<E: Serialize + DeserializeOwned, P: Fn(&E) -> bool> ErrorPolicy<E> for CacheIf<P> {
+    fn cache(&self, e: &E) -> bool {
+        (self.0)(e)
+    }
+    fn seal<C: Codec>(&self, codec: &C, e: &E) -> Result<Vec<u8>, BoxError> {
+        envelope::seal(codec, Kind::Error, e)
+    }
+    fn decode<C: Codec>(&self, codec: &C, tag: u64, payload: &[u8]) -> Result<E, DecodeError> {
+        envelope::decode_payload(codec, tag, payload)
+    }
+}
+
+/// Releases a claim that was neither completed nor released: on an early return, a panic in
+/// the body, or the caller dropping the future.
+struct ReleaseGuard {
+    store: Arc<dyn Store>,
+    key: Key,
+    token: Option<Token>,
+}
+
+impl ReleaseGuard {
+    fn disarm(&mut self) {
+        self.token = None;
+    }
+
+    async fn release(&mut self) {
+        if let Some(token) = self.token.take() {
+            match self.store.release(&self.key, token).await {
+                Ok(()) => tracing::debug!(target: "idem", key = %self.key, token = %token, "released"),
+                Err(e) => tracing::warn!(target: "idem", key = %self.key, token = %token, error = %e,
+                    "could not release the claim; it ends with its lease"),
+            }
+        }
+    }
+}
+
+impl Drop for ReleaseGuard {
+    fn drop(&mut self) {
+        let Some(token) = self.token.take() else {
+            return;
+        };
+        let (store, key) = (self.store.clone(), self.key.clone());
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    match store.release(&key, token).await {
+                        Ok(()) => tracing::debug!(target: "idem", key = %key, token = %token,
+                            "released after the call was dropped or panicked"),
+                        Err(e) => tracing::warn!(target: "idem", key = %key, token = %token, error = %e,
+                            "could not release a dropped call's claim; it ends with its lease"),
+                    }
+                });
+            }
+            Err(_) => tracing::warn!(target: "idem", key = %key,
+                "a call was dropped outside a tokio runtime; its claim ends with its lease"),
+        }
+    }
+}
+
+type Extending<'s> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 's>>;
+
+/// Polls `body` to completion while extending the lease every third of its length.
+/// Returns the body's output and whether the lease was lost on the way.
+async fn with_heartbeat<O>(
+    store: &dyn Store,
+    key: &Key,
+    token: Token,
+    lease: Duration,
+    body: impl Future<Output = O>,
+) -> (O, bool) {
+    let period = (lease / 3).max(MIN_DURATION);
+    let mut body = pin!(body);
+    let mut ticker = tokio::time::interval_at(Instant::now() + period, period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut extending: Option<Extending<'_>> = None;
+    let mut lost = false;
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut body => return (out, lost),
+            res = async { extending.as_mut().expect("guarded by is_some").await }, if extending.is_some() => {
+                extending = None;
+                match res {
+                    Ok(()) => tracing::trace!(target: "idem", key = %key, "lease extended"),
+                    Err(StoreError::Fenced) => {
+                        lost = true;
+                        tracing::warn!(target: "idem", key = %key, token = %token,
+                            "lease lost while the body runs: another caller took the key over");
+                    }
+                    Err(e) => tracing::warn!(target: "idem", key = %key, error = %e,
+                        "could not extend the lease; trying again at the next beat"),
+                }
+            }
+            _ = ticker.tick(), if extending.is_none() && !lost => {
+                extending = Some(store.extend(key, token, lease));
+            }
+        }
+    }
+}

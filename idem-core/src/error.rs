@@ -1,0 +1,231 @@
+//! The errors of idem: [`Error`] for callers, [`StoreError`] for store backends.
+
+use std::time::Duration;
+
+use crate::key::Key;
+
+/// A boxed error source, kept whole so that `Error::source()` chains reach it.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What went wrong with an idempotent call. Every message names the key.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Another call holds the key and is still running; `in_progress = "reject"` answers so.
+    #[error("idempotency key `{key}` is in progress in another call; retry after {retry_after:?}")]
+    InProgress {
+        /// The key.
+        key: Key,
+        /// How long the current lease still runs: a good time to retry.
+        retry_after: Duration,
+    },
+    /// The key was first used with a different request payload (fingerprint).
+    #[error("idempotency key `{key}` was first used with a different request payload")]
+    KeyReuse {
+        /// The key.
+        key: Key,
+    },
+    /// The lease ended and another caller took the key over before this call stored its result.
+    #[error("the lease on idempotency key `{key}` was lost to another caller before the result was stored")]
+    LeaseLost {
+        /// The key.
+        key: Key,
+    },
+    /// The stored result for the key could not be decoded into the expected type.
+    #[error("the stored result for idempotency key `{key}` could not be decoded")]
+    Decode {
+        /// The key.
+        key: Key,
+        /// Why it could not be decoded.
+        #[source]
+        source: DecodeError,
+    },
+    /// The result could not be encoded by the codec; nothing was stored.
+    #[error("the result for idempotency key `{key}` could not be encoded")]
+    Encode {
+        /// The key.
+        key: Key,
+        /// The codec's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The store failed or could not be reached; the body did not run (fail closed).
+    #[error("the idempotency store failed for key `{key}`")]
+    Store {
+        /// The key.
+        key: Key,
+        /// The store's error, with its source chain.
+        #[source]
+        source: StoreError,
+    },
+    /// The key is not valid (empty, too long, or a scope with a `/`).
+    #[error("invalid idempotency key `{key}`: {reason}")]
+    InvalidKey {
+        /// The key as given (shortened when very long).
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An option of the call is not valid (a zero ttl or lease, for example).
+    #[error("invalid option `{option}` for idempotency key `{key}`: {reason}")]
+    InvalidOption {
+        /// The key.
+        key: Key,
+        /// The option's name, as the macro spells it.
+        option: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// `in_progress = "wait"` waited for `wait_timeout` and the first call had still not finished.
+    #[error("gave up after {waited:?} waiting for idempotency key `{key}` held by another call")]
+    WaitTimeout {
+        /// The key.
+        key: Key,
+        /// How long this call waited.
+        waited: Duration,
+    },
+    /// A backend could not be built from its configuration (a bad URL, a missing feature).
+    #[error("cannot connect an idempotency store: {message}")]
+    Connect {
+        /// What is wrong, naming the URL scheme, option or cargo feature.
+        message: String,
+        /// The underlying error, when there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
+}
+
+impl Error {
+    /// The key this error is about, when it is about one.
+    pub fn key(&self) -> Option<&Key> {
+        match self {
+            Error::InProgress { key, .. }
+            | Error::KeyReuse { key }
+            | Error::LeaseLost { key }
+            | Error::Decode { key, .. }
+            | Error::Encode { key, .. }
+            | Error::Store { key, .. }
+            | Error::InvalidOption { key, .. }
+            | Error::WaitTimeout { key, .. } => Some(key),
+            Error::InvalidKey { .. } | Error::Connect { .. } => None,
+        }
+    }
+
+    /// Whether calling again with the same key may succeed: true for in-progress, wait
+    /// timeouts, lost leases and temporary store failures.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::InProgress { .. } | Error::WaitTimeout { .. } | Error::LeaseLost { .. } => true,
+            Error::Store { source, .. } => source.is_temporary(),
+            _ => false,
+        }
+    }
+}
+
+/// Why a stored record could not be turned back into a result.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The bytes are not an idem record envelope (too short, wrong magic).
+    #[error("the stored value is not an idem record envelope")]
+    NotAnEnvelope,
+    /// The envelope was written by a newer or unknown format version.
+    #[error("record format version {found} is not supported (this build reads version {expected})")]
+    Version {
+        /// The version in the record.
+        found: u8,
+        /// The version this build reads.
+        expected: u8,
+    },
+    /// The record was written by another codec.
+    #[error("record was written by codec {found} but this call decodes with codec {expected}")]
+    Codec {
+        /// The codec id in the record.
+        found: u8,
+        /// The codec id of this call.
+        expected: u8,
+    },
+    /// The record holds another result type.
+    #[error("record holds another result type than `{expected}`")]
+    Type {
+        /// The type this call expects.
+        expected: &'static str,
+    },
+    /// The record holds a cached error, but this call does not cache errors.
+    #[error("record holds a cached error, but this call does not cache errors")]
+    UnexpectedError,
+    /// The codec failed on the payload.
+    #[error("the {codec} codec could not decode the payload")]
+    Payload {
+        /// The codec's name.
+        codec: &'static str,
+        /// The codec's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The store holds something under the key that is not an idem record.
+    #[error("the store holds a value under this key that is not an idem record: {reason}")]
+    Corrupt {
+        /// What the store found.
+        reason: String,
+    },
+}
+
+/// A failure reported by a [`Store`](crate::Store) backend.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The fencing token is not the current one: another claim holds the key, or the record
+    /// is completed, released or gone. Not a fault of the store.
+    #[error("the fencing token is not current for this key")]
+    Fenced,
+    /// The store could not be reached (connection refused, dropped, reset). Temporary.
+    #[error("the {backend} store is unavailable")]
+    Unavailable {
+        /// Which backend (`"redis"`, `"postgres"`, ...).
+        backend: &'static str,
+        /// The client's error.
+        #[source]
+        source: BoxError,
+    },
+    /// A command did not answer in time. Temporary.
+    #[error("the {backend} store did not answer within {after:?}")]
+    Timeout {
+        /// Which backend.
+        backend: &'static str,
+        /// The time limit that ran out.
+        after: Duration,
+    },
+    /// The store answered with an error.
+    #[error("the {backend} store failed")]
+    Backend {
+        /// Which backend.
+        backend: &'static str,
+        /// The client's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The store holds a value under the key that is not an idem record.
+    #[error("the {backend} store holds a value that is not an idem record: {reason}")]
+    Corrupt {
+        /// Which backend.
+        backend: &'static str,
+        /// What was found.
+        reason: String,
+    },
+    /// The store is not set up (a missing table, for example); the message says what to do.
+    #[error("the {backend} store is not set up: {message}")]
+    NotSetUp {
+        /// Which backend.
+        backend: &'static str,
+        /// What is missing and how to fix it (e.g. "call migrate()").
+        message: String,
+    },
+}
+
+impl StoreError {
+    /// Whether trying again later may succeed.
+    pub fn is_temporary(&self) -> bool {
+        matches!(self, StoreError::Unavailable { .. } | StoreError::Timeout { .. })
+    }
+}

@@ -1,0 +1,171 @@
+//! Idempotency keys: a scope plus an id.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::digest;
+use crate::error::Error;
+
+/// The longest key id accepted, in bytes.
+pub const MAX_ID_LEN: usize = 1024;
+/// The longest scope accepted, in bytes.
+pub const MAX_SCOPE_LEN: usize = 256;
+
+/// An idempotency key: a scope (by default the function's module path and name) and an id.
+///
+/// The store sees one string, `scope/id` ([`Key::as_str`]). A scope never contains `/`, so
+/// two different (scope, id) pairs never share a stored key.
+///
+/// ```
+/// use idem_core::Key;
+/// let key = Key::new("billing::charge", "order-42").unwrap();
+/// assert_eq!(key.as_str(), "billing::charge/order-42");
+/// assert_eq!(key.id(), "order-42");
+/// assert!(Key::new("billing::charge", "").is_err());
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    full: Arc<str>,
+    scope_len: usize,
+}
+
+impl Key {
+    /// Builds a key, checking that the scope and id are non-empty and short enough, and that
+    /// the scope holds no `/`.
+    pub fn new(scope: impl AsRef<str>, id: impl AsRef<str>) -> Result<Key, Error> {
+        let (scope, id) = (scope.as_ref(), id.as_ref());
+        let invalid = |reason: String| Error::InvalidKey {
+            key: shorten(&format!("{scope}/{id}")),
+            reason,
+        };
+        if scope.is_empty() {
+            return Err(invalid("the scope is empty".into()));
+        }
+        if scope.len() > MAX_SCOPE_LEN {
+            return Err(invalid(format!(
+                "the scope is {} bytes long; the limit is {MAX_SCOPE_LEN}",
+                scope.len()
+            )));
+        }
+        if scope.contains('/') {
+            return Err(invalid("the scope contains `/`, which separates scope and id".into()));
+        }
+        if id.is_empty() {
+            return Err(invalid("the key id is empty".into()));
+        }
+        if id.len() > MAX_ID_LEN {
+            return Err(invalid(format!(
+                "the key id is {} bytes long; the limit is {MAX_ID_LEN}",
+                id.len()
+            )));
+        }
+        let mut full = String::with_capacity(scope.len() + 1 + id.len());
+        full.push_str(scope);
+        full.push('/');
+        full.push_str(id);
+        Ok(Key {
+            full: full.into(),
+            scope_len: scope.len(),
+        })
+    }
+
+    /// A key whose id is the 128-bit digest of `value` (see [`digest_hex`](crate::digest_hex)).
+    pub fn digest<T: serde::Serialize + ?Sized>(
+        scope: impl AsRef<str>,
+        value: &T,
+    ) -> Result<Key, Error> {
+        Key::new(scope, digest::digest_hex(value))
+    }
+
+    /// The scope.
+    pub fn scope(&self) -> &str {
+        &self.full[..self.scope_len]
+    }
+
+    /// The id.
+    pub fn id(&self) -> &str {
+        &self.full[self.scope_len + 1..]
+    }
+
+    /// `scope/id`: the string a store keeps the record under.
+    pub fn as_str(&self) -> &str {
+        &self.full
+    }
+}
+
+fn shorten(s: &str) -> String {
+    const SHOWN: usize = 96;
+    if s.len() <= SHOWN {
+        return s.to_owned();
+    }
+    let mut end = SHOWN;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &s[..end], s.len())
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&shorten(&self.full))
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Key")
+            .field("scope", &self.scope())
+            .field("id", &shorten(self.id()))
+            .finish()
+    }
+}
+
+/// Values that stay readable when used as a key id: strings and integers.
+///
+/// Any other `Serialize` value used as a key becomes a 128-bit hex digest.
+pub trait ReadableKeyId {
+    /// The id text.
+    fn key_id(&self) -> Cow<'_, str>;
+}
+
+impl ReadableKeyId for str {
+    fn key_id(&self) -> Cow<'_, str> {
+        Cow::Borrowed(self)
+    }
+}
+impl ReadableKeyId for String {
+    fn key_id(&self) -> Cow<'_, str> {
+        Cow::Borrowed(self)
+    }
+}
+impl ReadableKeyId for Cow<'_, str> {
+    fn key_id(&self) -> Cow<'_, str> {
+        Cow::Borrowed(self)
+    }
+}
+impl<T: ReadableKeyId + ?Sized> ReadableKeyId for &T {
+    fn key_id(&self) -> Cow<'_, str> {
+        (**self).key_id()
+    }
+}
+impl<T: ReadableKeyId + ?Sized> ReadableKeyId for Box<T> {
+    fn key_id(&self) -> Cow<'_, str> {
+        (**self).key_id()
+    }
+}
+impl<T: ReadableKeyId + ?Sized> ReadableKeyId for Arc<T> {
+    fn key_id(&self) -> Cow<'_, str> {
+        (**self).key_id()
+    }
+}
+macro_rules! readable_int {
+    ($($t:ty),*) => {$(
+        impl ReadableKeyId for $t {
+            fn key_id(&self) -> Cow<'_, str> {
+                Cow::Owned(self.to_string())
+            }
+        }
+    )*};
+}
+readable_int!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize);

@@ -1,0 +1,36 @@
+//! The runtime of [idem](https://docs.rs/idem): the [`Store`] contract, the [`Idem`]
+//! engine, keys, fingerprints, codecs, the record envelope and the errors.
+//!
+//! Most users depend on the `idem` crate, which re-exports all of this together with the
+//! `#[idempotent]` attribute and the store backends. Depend on `idem-core` directly to
+//! write a store backend; its conformance suite is in [`testing`] (feature `testing`).
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod cache;
+pub mod codec;
+mod digest;
+mod engine;
+pub mod envelope;
+mod error;
+mod key;
+mod store;
+
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
+
+#[doc(hidden)]
+pub mod private;
+
+pub use async_trait::async_trait;
+pub use bytes::Bytes;
+pub use codec::{BuiltinCodec, Codec, Json};
+pub use digest::digest_hex;
+pub use engine::{
+    Call, Idem, IdemBuilder, InProgress, DEFAULT_LEASE, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
+};
+pub use error::{BoxError, DecodeError, Error, StoreError};
+pub use key::{Key, ReadableKeyId, MAX_ID_LEN, MAX_SCOPE_LEN};
+pub use store::{Capabilities, Claim, Fingerprint, Record, Store, Token};

@@ -1,0 +1,624 @@
+//! The conformance suite: every store backend passes it (feature `testing`).
+//!
+//! Each behaviour of the store contract is one `pub async fn` that takes the store as an
+//! `Arc<dyn Store>` and panics when the store breaks the contract. [`conformance_tests!`]
+//! stamps one named `#[tokio::test]` per behaviour for a backend, so that its tests read
+//! `memory::lease_takeover`, `redis::fencing_stale_token_cannot_complete`, and so on:
+//!
+//! ```ignore
+//! idem_core::conformance_tests!(memory, async { Some(idem_stores::MemoryStore::new()) });
+//! ```
+//!
+//! The second argument is a future that yields `Option<store>`: `None` skips the test (a
+//! backend whose server is not configured prints why, and panics instead when
+//! `IDEM_REQUIRE_BACKENDS=1`; see [`backend_url`]).
+//!
+//! Behaviours that only some backends offer are [`Capabilities`] flags; the suite checks
+//! each flag both ways rather than skipping.
+//!
+//! Timing: leases and ttls in the suite are a few hundred milliseconds of real time, so the
+//! suite runs against remote stores whose clock is their own.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::{Capabilities, Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, StoreError, Token};
+
+/// A lease long enough that it does not end during a test step.
+const LONG: Duration = Duration::from_secs(30);
+/// A lease or ttl short enough to watch it end.
+const SHORT: Duration = Duration::from_millis(300);
+/// Past `SHORT`, with margin for a store's clock granularity.
+const PAST_SHORT: Duration = Duration::from_millis(700);
+
+/// Every behaviour, by name: what [`conformance_tests!`] stamps.
+pub const BEHAVIOURS: &[&str] = &[
+    "claim_fresh_key_is_acquired",
+    "claim_held_key_is_in_progress",
+    "complete_then_claim_replays_payload",
+    "release_lets_next_claim_acquire",
+    "get_missing_is_none",
+    "get_sees_in_progress_then_completed",
+    "delete_removes_record",
+    "delete_missing_is_false",
+    "completed_record_expires_after_ttl",
+    "completed_record_outlives_its_lease",
+    "lease_takeover_after_lease_ends",
+    "extend_keeps_lease_alive",
+    "fencing_stale_token_cannot_complete",
+    "fencing_stale_token_cannot_extend",
+    "fencing_stale_token_cannot_release",
+    "fencing_unknown_token_is_refused",
+    "complete_twice_is_fenced",
+    "release_after_complete_is_fenced",
+    "concurrent_claims_have_one_winner",
+    "empty_payload_round_trips",
+    "large_payload_round_trips",
+    "binary_payload_round_trips",
+    "unicode_keys_are_distinct",
+    "long_keys_are_distinct",
+    "special_character_keys_are_distinct",
+    "scopes_keep_equal_ids_apart",
+    "fingerprint_is_kept",
+    "wait_capability_is_honest",
+    "engine_runs_once_and_replays",
+    "engine_concurrent_duplicates_wait_for_one_run",
+];
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A scope no other test, process or earlier run uses, so backends on a shared server do
+/// not see each other's keys.
+pub fn unique_scope(behaviour: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "conformance.{behaviour}.{}.{nanos:x}.{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The URL of a backend's test server, from the environment variable `var`.
+///
+/// Unset: prints that the test is skipped and why, and returns `None`; but when
+/// `IDEM_REQUIRE_BACKENDS=1` a missing server is a failure, so it panics instead.
+pub fn backend_url(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => {
+            if std::env::var("IDEM_REQUIRE_BACKENDS").as_deref() == Ok("1") {
+                panic!("IDEM_REQUIRE_BACKENDS=1 but {var} is not set: this backend test needs its server");
+            }
+            eprintln!("skipped: {var} is not set, so this backend test has no server to run against");
+            None
+        }
+    }
+}
+
+fn key(scope: &str, id: &str) -> Key {
+    Key::new(scope, id).expect("valid test key")
+}
+
+fn fp(n: u8) -> Fingerprint {
+    Fingerprint::of(&n)
+}
+
+async fn acquire(store: &dyn Store, k: &Key, f: &Fingerprint, lease: Duration) -> Token {
+    match store.claim(k, f, lease).await.expect("claim") {
+        Claim::Acquired { token, .. } => token,
+        other => panic!("expected Acquired for {k}, got {other:?}"),
+    }
+}
+
+async fn completed_payload(store: &dyn Store, k: &Key) -> Bytes {
+    match store.claim(k, &Fingerprint::NONE, LONG).await.expect("claim") {
+        Claim::Completed { payload, .. } => payload,
+        other => panic!("expected Completed for {k}, got {other:?}"),
+    }
+}
+
+fn assert_fenced(res: Result<(), StoreError>, what: &str) {
+    match res {
+        Err(StoreError::Fenced) => {}
+        other => panic!("{what}: expected StoreError::Fenced, got {other:?}"),
+    }
+}
+
+/// A fresh key is acquired, not recovered.
+pub async fn claim_fresh_key_is_acquired(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("fresh"), "k");
+    match store.claim(&k, &fp(1), LONG).await.unwrap() {
+        Claim::Acquired { recovered, .. } => assert!(!recovered, "a fresh key is not a recovery"),
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
+/// A held key answers InProgress with a retry-after within the lease.
+pub async fn claim_held_key_is_in_progress(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("held"), "k");
+    acquire(&*store, &k, &fp(1), LONG).await;
+    match store.claim(&k, &fp(1), LONG).await.unwrap() {
+        Claim::InProgress { retry_after, .. } => {
+            assert!(retry_after <= LONG, "retry_after {retry_after:?} exceeds the lease");
+            assert!(retry_after >= LONG / 2, "retry_after {retry_after:?} is far below the lease");
+        }
+        other => panic!("expected InProgress, got {other:?}"),
+    }
+}
+
+/// After complete, a claim answers Completed with the exact payload.
+pub async fn complete_then_claim_replays_payload(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("replay"), "k");
+    let t = acquire(&*store, &k, &fp(1), LONG).await;
+    store.complete(&k, t, Bytes::from_static(b"result-1"), LONG).await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(completed_payload(&*store, &k).await, Bytes::from_static(b"result-1"));
+    }
+}
+
+/// Release deletes the claim: the next claim acquires, with a new token.
+pub async fn release_lets_next_claim_acquire(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("release"), "k");
+    let t1 = acquire(&*store, &k, &fp(1), LONG).await;
+    store.release(&k, t1).await.unwrap();
+    assert!(store.get(&k).await.unwrap().is_none(), "a released key has no record");
+    let t2 = acquire(&*store, &k, &fp(1), LONG).await;
+    assert_ne!(t1, t2, "a new claim gets a new token");
+}
+
+/// `get` of a key never used is None.
+pub async fn get_missing_is_none(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("get-missing"), "nothing-here");
+    assert!(store.get(&k).await.unwrap().is_none());
+}
+
+/// `get` sees the in-progress record with its token, then the completed one.
+pub async fn get_sees_in_progress_then_completed(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("get"), "k");
+    let t = acquire(&*store, &k, &fp(3), LONG).await;
+    match store.get(&k).await.unwrap() {
+        Some(Record::InProgress { token, fingerprint, lease_remaining }) => {
+            assert_eq!(token, t);
+            assert_eq!(fingerprint, fp(3));
+            assert!(lease_remaining <= LONG && lease_remaining > Duration::ZERO);
+        }
+        other => panic!("expected InProgress, got {other:?}"),
+    }
+    store.complete(&k, t, Bytes::from_static(b"done"), LONG).await.unwrap();
+    match store.get(&k).await.unwrap() {
+        Some(Record::Completed { payload, fingerprint }) => {
+            assert_eq!(payload, Bytes::from_static(b"done"));
+            assert_eq!(fingerprint, fp(3));
+        }
+        other => panic!("expected Completed, got {other:?}"),
+    }
+}
+
+/// `delete` removes a completed record: the next claim acquires.
+pub async fn delete_removes_record(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("delete"), "k");
+    let t = acquire(&*store, &k, &fp(1), LONG).await;
+    store.complete(&k, t, Bytes::from_static(b"x"), LONG).await.unwrap();
+    assert!(store.delete(&k).await.unwrap(), "delete of a live record answers true");
+    assert!(store.get(&k).await.unwrap().is_none());
+    acquire(&*store, &k, &fp(1), LONG).await;
+}
+
+/// `delete` of a key never used answers false.
+pub async fn delete_missing_is_false(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("delete-missing"), "k");
+    assert!(!store.delete(&k).await.unwrap());
+}
+
+/// A completed record is gone once its ttl ends: the next claim acquires afresh.
+pub async fn completed_record_expires_after_ttl(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("expiry"), "k");
+    let t = acquire(&*store, &k, &fp(1), LONG).await;
+    store.complete(&k, t, Bytes::from_static(b"x"), SHORT).await.unwrap();
+    assert!(matches!(store.get(&k).await.unwrap(), Some(Record::Completed { .. })));
+    tokio::time::sleep(PAST_SHORT).await;
+    assert!(store.get(&k).await.unwrap().is_none(), "the record outlived its ttl");
+    match store.claim(&k, &fp(2), LONG).await.unwrap() {
+        Claim::Acquired { recovered, .. } => assert!(!recovered, "an expired result is not a recovery"),
+        other => panic!("expected Acquired after expiry, got {other:?}"),
+    }
+}
+
+/// A record completed under a short lease lives for its ttl, not its lease.
+pub async fn completed_record_outlives_its_lease(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("outlives-lease"), "k");
+    let t = acquire(&*store, &k, &fp(1), SHORT).await;
+    store.complete(&k, t, Bytes::from_static(b"kept"), LONG).await.unwrap();
+    tokio::time::sleep(PAST_SHORT).await;
+    assert_eq!(completed_payload(&*store, &k).await, Bytes::from_static(b"kept"));
+}
+
+/// Once a lease ends, another claim takes the key over with a new token, marked recovered.
+pub async fn lease_takeover_after_lease_ends(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("takeover"), "k");
+    let t1 = acquire(&*store, &k, &fp(1), SHORT).await;
+    assert!(matches!(store.claim(&k, &fp(1), LONG).await.unwrap(), Claim::InProgress { .. }));
+    tokio::time::sleep(PAST_SHORT).await;
+    match store.claim(&k, &fp(1), LONG).await.unwrap() {
+        Claim::Acquired { token, recovered } => {
+            assert_ne!(token, t1, "the successor needs a new token");
+            // A store whose records vanish with their lease cannot tell; it must not lie
+            // the other way, though (checked in claim_fresh_key_is_acquired).
+            let _ = recovered;
+        }
+        other => panic!("expected a takeover, got {other:?}"),
+    }
+}
+
+/// A holder that extends its lease keeps the key past the original lease.
+pub async fn extend_keeps_lease_alive(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("extend"), "k");
+    let t = acquire(&*store, &k, &fp(1), SHORT).await;
+    for _ in 0..4 {
+        tokio::time::sleep(SHORT / 3).await;
+        store.extend(&k, t, SHORT).await.expect("extend by the holder");
+    }
+    // 4 * SHORT/3 > SHORT: without the extensions the lease would have ended.
+    assert!(matches!(store.claim(&k, &fp(1), LONG).await.unwrap(), Claim::InProgress { .. }));
+    store.complete(&k, t, Bytes::from_static(b"ok"), LONG).await.expect("complete after extensions");
+}
+
+async fn stale_and_current(store: &dyn Store, k: &Key) -> (Token, Token) {
+    let stale = acquire(store, k, &fp(1), SHORT).await;
+    tokio::time::sleep(PAST_SHORT).await;
+    let current = acquire(store, k, &fp(1), LONG).await;
+    (stale, current)
+}
+
+/// A holder whose lease was taken over cannot store its result; the successor can.
+pub async fn fencing_stale_token_cannot_complete(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("fence-complete"), "k");
+    let (stale, current) = stale_and_current(&*store, &k).await;
+    assert_fenced(store.complete(&k, stale, Bytes::from_static(b"stale"), LONG).await, "complete with a stale token");
+    assert!(matches!(store.get(&k).await.unwrap(), Some(Record::InProgress { token, .. }) if token == current));
+    store.complete(&k, current, Bytes::from_static(b"fresh"), LONG).await.unwrap();
+    assert_eq!(completed_payload(&*store, &k).await, Bytes::from_static(b"fresh"));
+}
+
+/// A stale token cannot extend the successor's lease.
+pub async fn fencing_stale_token_cannot_extend(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("fence-extend"), "k");
+    let (stale, current) = stale_and_current(&*store, &k).await;
+    assert_fenced(store.extend(&k, stale, LONG).await, "extend with a stale token");
+    store.extend(&k, current, LONG).await.unwrap();
+}
+
+/// A stale token cannot release the successor's claim.
+pub async fn fencing_stale_token_cannot_release(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("fence-release"), "k");
+    let (stale, current) = stale_and_current(&*store, &k).await;
+    assert_fenced(store.release(&k, stale).await, "release with a stale token");
+    assert!(matches!(store.get(&k).await.unwrap(), Some(Record::InProgress { token, .. }) if token == current));
+}
+
+/// complete, extend and release of a key never claimed are refused.
+pub async fn fencing_unknown_token_is_refused(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("fence-unknown"), "k");
+    let t = Token(0x5eed);
+    assert_fenced(store.complete(&k, t, Bytes::from_static(b"x"), LONG).await, "complete without a claim");
+    assert_fenced(store.extend(&k, t, LONG).await, "extend without a claim");
+    assert_fenced(store.release(&k, t).await, "release without a claim");
+    assert!(store.get(&k).await.unwrap().is_none(), "nothing was written");
+    // A held key refuses another token too.
+    let held = acquire(&*store, &k, &fp(1), LONG).await;
+    let other = Token(held.0.wrapping_add(1));
+    assert_fenced(store.complete(&k, other, Bytes::from_static(b"x"), LONG).await, "complete with a wrong token");
+}
+
+/// A stored result cannot be overwritten by completing again.
+pub async fn complete_twice_is_fenced(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("complete-twice"), "k");
+    let t = acquire(&*store, &k, &fp(1), LONG).await;
+    store.complete(&k, t, Bytes::from_static(b"first"), LONG).await.unwrap();
+    assert_fenced(store.complete(&k, t, Bytes::from_static(b"second"), LONG).await, "second complete");
+    assert_eq!(completed_payload(&*store, &k).await, Bytes::from_static(b"first"));
+}
+
+/// A stored result cannot be released by its former holder.
+pub async fn release_after_complete_is_fenced(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("release-completed"), "k");
+    let t = acquire(&*store, &k, &fp(1), LONG).await;
+    store.complete(&k, t, Bytes::from_static(b"kept"), LONG).await.unwrap();
+    assert_fenced(store.release(&k, t).await, "release after complete");
+    assert_eq!(completed_payload(&*store, &k).await, Bytes::from_static(b"kept"));
+}
+
+/// 100 tasks claim one key at once: exactly one acquires, the others see it in progress.
+pub async fn concurrent_claims_have_one_winner(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("race"), "k");
+    let barrier = Arc::new(tokio::sync::Barrier::new(100));
+    let tasks: Vec<_> = (0..100)
+        .map(|_| {
+            let (store, k, barrier) = (store.clone(), k.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.claim(&k, &fp(1), LONG).await.unwrap()
+            })
+        })
+        .collect();
+    let (mut won, mut busy) = (0, 0);
+    for t in tasks {
+        match t.await.unwrap() {
+            Claim::Acquired { .. } => won += 1,
+            Claim::InProgress { .. } => busy += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!((won, busy), (1, 99), "exactly one winner");
+}
+
+/// An empty payload is stored and replayed as empty, not as missing.
+pub async fn empty_payload_round_trips(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("empty"), "k");
+    let t = acquire(&*store, &k, &fp(1), LONG).await;
+    store.complete(&k, t, Bytes::new(), LONG).await.unwrap();
+    assert_eq!(completed_payload(&*store, &k).await, Bytes::new());
+}
+
+/// A 1 MiB payload round-trips byte for byte.
+pub async fn large_payload_round_trips(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("large"), "k");
+    let payload: Bytes = (0..(1usize << 20)).map(|i| (i * 31 % 251) as u8).collect::<Vec<_>>().into();
+    let t = acquire(&*store, &k, &fp(1), LONG).await;
+    store.complete(&k, t, payload.clone(), LONG).await.unwrap();
+    let back = completed_payload(&*store, &k).await;
+    assert_eq!(back.len(), payload.len());
+    assert!(back == payload, "1 MiB payload changed on the way");
+}
+
+/// Every byte value, NUL and invalid UTF-8 included, round-trips.
+pub async fn binary_payload_round_trips(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("binary"), "k");
+    let mut payload: Vec<u8> = (0..=255u8).collect();
+    payload.extend_from_slice(&[0, 0, 0xff, 0xfe, 0xc3, 0x28]);
+    let t = acquire(&*store, &k, &fp(1), LONG).await;
+    store.complete(&k, t, Bytes::from(payload.clone()), LONG).await.unwrap();
+    assert_eq!(completed_payload(&*store, &k).await, Bytes::from(payload));
+}
+
+async fn distinct_ids(store: &dyn Store, scope: &str, ids: &[String]) {
+    for (i, id) in ids.iter().enumerate() {
+        let k = key(scope, id);
+        let t = acquire(store, &k, &fp(1), LONG).await;
+        store.complete(&k, t, Bytes::from(i.to_string()), LONG).await.unwrap();
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let k = key(scope, id);
+        assert_eq!(
+            completed_payload(store, &k).await,
+            Bytes::from(i.to_string()),
+            "key {id:?} reached another key's record"
+        );
+    }
+}
+
+/// Unicode keys that differ only in normalisation or case stay distinct.
+pub async fn unicode_keys_are_distinct(store: Arc<dyn Store>) {
+    let ids: Vec<String> = ["café", "cafe\u{301}", "CAFÉ", "日本語", "🦀", "\u{2126}", "\u{3a9}"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    distinct_ids(&*store, &unique_scope("unicode"), &ids).await;
+}
+
+/// 1 KiB keys that differ only in their last byte stay distinct.
+pub async fn long_keys_are_distinct(store: Arc<dyn Store>) {
+    let base = "x".repeat(crate::MAX_ID_LEN - 1);
+    let ids: Vec<String> = ["a", "b", "c"].iter().map(|s| format!("{base}{s}")).collect();
+    distinct_ids(&*store, &unique_scope("long"), &ids).await;
+}
+
+/// Keys with spaces, glob and hash-tag characters, separators and newlines stay distinct
+/// and reach no other key.
+pub async fn special_character_keys_are_distinct(store: Arc<dyn Store>) {
+    let ids: Vec<String> = [
+        "a b", "a*", "*", "{a}", "{", "}", "a:b", "a/b", "a\nb", "a\r\nb", "'; DROP TABLE x; --", "%", "_", "\\", "\"",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    distinct_ids(&*store, &unique_scope("special"), &ids).await;
+}
+
+/// Equal ids in two scopes are two keys.
+pub async fn scopes_keep_equal_ids_apart(store: Arc<dyn Store>) {
+    let (a, b) = (unique_scope("scope-a"), unique_scope("scope-b"));
+    let ka = key(&a, "same-id");
+    let kb = key(&b, "same-id");
+    let t = acquire(&*store, &ka, &fp(1), LONG).await;
+    store.complete(&ka, t, Bytes::from_static(b"a"), LONG).await.unwrap();
+    acquire(&*store, &kb, &fp(1), LONG).await;
+}
+
+/// The claim's fingerprint is kept and reported by InProgress, Completed and get.
+pub async fn fingerprint_is_kept(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("fingerprint"), "k");
+    let t = acquire(&*store, &k, &fp(7), LONG).await;
+    match store.claim(&k, &fp(8), LONG).await.unwrap() {
+        Claim::InProgress { fingerprint, .. } => assert_eq!(fingerprint, fp(7)),
+        other => panic!("expected InProgress, got {other:?}"),
+    }
+    store.complete(&k, t, Bytes::from_static(b"x"), LONG).await.unwrap();
+    match store.claim(&k, &fp(8), LONG).await.unwrap() {
+        Claim::Completed { fingerprint, .. } => assert_eq!(fingerprint, fp(7)),
+        other => panic!("expected Completed, got {other:?}"),
+    }
+    let none = key(&unique_scope("fingerprint-none"), "k");
+    let t = acquire(&*store, &none, &Fingerprint::NONE, LONG).await;
+    store.complete(&none, t, Bytes::from_static(b"x"), LONG).await.unwrap();
+    match store.get(&none).await.unwrap() {
+        Some(Record::Completed { fingerprint, .. }) => assert_eq!(fingerprint, Fingerprint::NONE),
+        other => panic!("expected Completed, got {other:?}"),
+    }
+}
+
+/// `wait` returns within its bound. A store that claims `wakes_waiters` returns soon after
+/// a completion; one that does not may sleep its whole bound, and callers poll.
+pub async fn wait_capability_is_honest(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("wait"), "k");
+    let t = acquire(&*store, &k, &fp(1), LONG).await;
+    let started = Instant::now();
+    store.wait(&k, Duration::from_millis(200)).await.unwrap();
+    let waited = started.elapsed();
+    assert!(waited < Duration::from_secs(5), "wait ignored its bound: {waited:?}");
+
+    let caps: Capabilities = store.capabilities();
+    let waiter = {
+        let (store, k) = (store.clone(), k.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            store.wait(&k, Duration::from_secs(20)).await.unwrap();
+            started.elapsed()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    store.complete(&k, t, Bytes::from_static(b"x"), LONG).await.unwrap();
+    let waited = tokio::time::timeout(Duration::from_secs(25), waiter).await.expect("wait hung").unwrap();
+    if caps.wakes_waiters {
+        assert!(
+            waited < Duration::from_secs(5),
+            "the store says it wakes waiters, but a waiter slept {waited:?} after the completion"
+        );
+    } else {
+        assert!(waited >= Duration::from_millis(100), "returned before anything changed: {waited:?}");
+    }
+}
+
+/// Through the engine: the body runs once, every caller gets its value.
+pub async fn engine_runs_once_and_replays(store: Arc<dyn Store>) {
+    let idem = Idem::builder().shared_store(store).build().unwrap();
+    let k = key(&unique_scope("engine"), "k");
+    let runs = AtomicU64::new(0);
+    for _ in 0..5 {
+        let v: Vec<String> = idem
+            .run(k.clone(), fp(1), || async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                vec!["a".to_string(), "é".to_string()]
+            })
+            .await
+            .unwrap();
+        assert_eq!(v, vec!["a", "é"]);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let reuse = idem.run(k.clone(), fp(2), || async { vec![String::new()] }).await;
+    assert!(matches!(reuse, Err(Error::KeyReuse { .. })), "{reuse:?}");
+}
+
+/// Through the engine: 20 concurrent duplicates in wait mode, one execution, one value.
+pub async fn engine_concurrent_duplicates_wait_for_one_run(store: Arc<dyn Store>) {
+    let idem = Idem::builder()
+        .shared_store(store)
+        .in_progress(InProgress::Wait)
+        .wait_timeout(Duration::from_secs(20))
+        .build()
+        .unwrap();
+    let k = key(&unique_scope("engine-wait"), "k");
+    let runs = Arc::new(AtomicU64::new(0));
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let (idem, k, runs) = (idem.clone(), k.clone(), runs.clone());
+            tokio::spawn(async move {
+                idem.run(k, fp(1), || async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    i
+                })
+                .await
+                .unwrap()
+            })
+        })
+        .collect();
+    let mut values = Vec::new();
+    for t in tasks {
+        values.push(t.await.unwrap());
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the body ran more than once");
+    assert!(values.iter().all(|v| *v == values[0]), "callers got different values: {values:?}");
+}
+
+/// Stamps one `#[tokio::test]` per conformance behaviour into a module named `$backend`.
+///
+/// `$make` is an expression, evaluated once per test, of a future that yields
+/// `Option<S>` for a `S: Store` (`None` skips, see [`backend_url`]). The crate using it
+/// needs `tokio` with the `macros` and `rt-multi-thread` features among its dev-dependencies.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($backend:ident, $make:expr) => {
+        $crate::__conformance_tests!($backend, $make, [
+            claim_fresh_key_is_acquired,
+            claim_held_key_is_in_progress,
+            complete_then_claim_replays_payload,
+            release_lets_next_claim_acquire,
+            get_missing_is_none,
+            get_sees_in_progress_then_completed,
+            delete_removes_record,
+            delete_missing_is_false,
+            completed_record_expires_after_ttl,
+            completed_record_outlives_its_lease,
+            lease_takeover_after_lease_ends,
+            extend_keeps_lease_alive,
+            fencing_stale_token_cannot_complete,
+            fencing_stale_token_cannot_extend,
+            fencing_stale_token_cannot_release,
+            fencing_unknown_token_is_refused,
+            complete_twice_is_fenced,
+            release_after_complete_is_fenced,
+            concurrent_claims_have_one_winner,
+            empty_payload_round_trips,
+            large_payload_round_trips,
+            binary_payload_round_trips,
+            unicode_keys_are_distinct,
+            long_keys_are_distinct,
+            special_character_keys_are_distinct,
+            scopes_keep_equal_ids_apart,
+            fingerprint_is_kept,
+            wait_capability_is_honest,
+            engine_runs_once_and_replays,
+            engine_concurrent_duplicates_wait_for_one_run,
+        ]);
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_tests {
+    ($backend:ident, $make:expr, [$($name:ident),* $(,)?]) => {
+        mod $backend {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    let Some(store) = ($make).await else { return };
+                    let store: ::std::sync::Arc<dyn $crate::Store> = ::std::sync::Arc::new(store);
+                    $crate::testing::$name(store).await;
+                }
+            )*
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn behaviour_list_matches_the_macro() {
+        let src = include_str!("testing.rs");
+        let start = src.find("$crate::__conformance_tests!($backend, $make, [").unwrap();
+        let list = &src[start..src[start..].find("]);").unwrap() + start];
+        for name in super::BEHAVIOURS {
+            assert!(list.contains(&format!("{name},")), "{name} is not stamped by conformance_tests!");
+        }
+        assert_eq!(list.matches(',').count() - 2, super::BEHAVIOURS.len());
+    }
+}

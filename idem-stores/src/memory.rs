@@ -1,0 +1,366 @@
+//! `MemoryStore`: records in a `DashMap`, on tokio's clock. The default store, and what
+//! unit tests use: `tokio::time::pause()` and `advance()` drive its leases and expiry.
+
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use dashmap::mapref::entry::Entry;
+use dashmap::DashMap;
+use idem_core::{Capabilities, Claim, Fingerprint, Key, Record, Store, StoreError, Token};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// How often, at most, a claim sweeps out ended records.
+const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// An in-process store. Records live as long as the process (or their ttl); clones share
+/// the same records.
+///
+/// Ended records (expired results, leases ended long ago) are swept by the claims that come
+/// at least a second apart, and by [`MemoryStore::purge_expired`], so the map does not grow
+/// without bound. No map guard is ever held across an `.await`.
+#[derive(Clone, Default)]
+pub struct MemoryStore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    records: DashMap<Key, State>,
+    /// One `Notify` per key that has waiters; removed when the last waiter leaves.
+    waiters: DashMap<Key, Arc<Notify>>,
+    next_token: AtomicU64,
+    origin: Instant,
+    /// Milliseconds after `origin` of the last sweep.
+    last_sweep_ms: AtomicU64,
+    sweep_every: Duration,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Shared {
+            records: DashMap::new(),
+            waiters: DashMap::new(),
+            next_token: AtomicU64::new(1),
+            origin: Instant::now(),
+            last_sweep_ms: AtomicU64::new(0),
+            sweep_every: DEFAULT_SWEEP_EVERY,
+        }
+    }
+}
+
+#[derive(Clone)]
+enum State {
+    InProgress {
+        fingerprint: Fingerprint,
+        token: Token,
+        lease_until: Instant,
+    },
+    Completed {
+        fingerprint: Fingerprint,
+        payload: Bytes,
+        expires_at: Instant,
+    },
+}
+
+impl State {
+    /// When the record stops counting: its lease ends or its ttl runs out.
+    fn ends_at(&self) -> Instant {
+        match self {
+            State::InProgress { lease_until, .. } => *lease_until,
+            State::Completed { expires_at, .. } => *expires_at,
+        }
+    }
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("records", &self.shared.records.len())
+            .finish()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// How many records the map holds, ended ones not yet swept included.
+    pub fn len(&self) -> usize {
+        self.shared.records.len()
+    }
+
+    /// Whether the map holds no record.
+    pub fn is_empty(&self) -> bool {
+        self.shared.records.is_empty()
+    }
+
+    /// Removes every ended record now; returns how many.
+    pub fn purge_expired(&self) -> usize {
+        let now = Instant::now();
+        let before = self.shared.records.len();
+        self.shared.records.retain(|_, state| state.ends_at() > now);
+        self.note_sweep(now);
+        before.saturating_sub(self.shared.records.len())
+    }
+
+    fn note_sweep(&self, now: Instant) {
+        let ms = now.duration_since(self.shared.origin).as_millis() as u64;
+        self.shared.last_sweep_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn maybe_sweep(&self, now: Instant) {
+        let now_ms = now.duration_since(self.shared.origin).as_millis() as u64;
+        let last = self.shared.last_sweep_ms.load(Ordering::Relaxed);
+        let every = self.shared.sweep_every.as_millis() as u64;
+        if now_ms.saturating_sub(last) < every {
+            return;
+        }
+        // One sweeper at a time; the others go on.
+        if self
+            .shared
+            .last_sweep_ms
+            .compare_exchange(last, now_ms, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            self.shared.records.retain(|_, state| state.ends_at() > now);
+        }
+    }
+
+    fn new_token(&self) -> Token {
+        Token(self.shared.next_token.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn wake(&self, key: &Key) {
+        if let Some(n) = self.shared.waiters.get(key) {
+            n.notify_waiters();
+        }
+    }
+
+    /// Applies `f` to the in-progress record held by `token` whose lease has not ended;
+    /// `Fenced` otherwise. `f` returns the new state, or `None` to delete the record.
+    fn with_held(
+        &self,
+        key: &Key,
+        token: Token,
+        f: impl FnOnce(&Fingerprint) -> Option<State>,
+    ) -> Result<(), StoreError> {
+        let now = Instant::now();
+        match self.shared.records.entry(key.clone()) {
+            Entry::Occupied(mut e) => match e.get() {
+                State::InProgress {
+                    token: held,
+                    lease_until,
+                    fingerprint,
+                } if *held == token && *lease_until > now => {
+                    match f(fingerprint) {
+                        Some(next) => {
+                            e.insert(next);
+                        }
+                        None => {
+                            e.remove();
+                        }
+                    }
+                    Ok(())
+                }
+                _ => Err(StoreError::Fenced),
+            },
+            Entry::Vacant(_) => Err(StoreError::Fenced),
+        }
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn claim(&self, key: &Key, fingerprint: &Fingerprint, lease: Duration) -> Result<Claim, StoreError> {
+        let now = Instant::now();
+        self.maybe_sweep(now);
+        let held = |token| State::InProgress {
+            fingerprint: *fingerprint,
+            token,
+            lease_until: now + lease,
+        };
+        Ok(match self.shared.records.entry(key.clone()) {
+            Entry::Vacant(v) => {
+                let token = self.new_token();
+                v.insert(held(token));
+                Claim::Acquired {
+                    token,
+                    recovered: false,
+                }
+            }
+            Entry::Occupied(mut e) => match e.get() {
+                State::Completed {
+                    fingerprint,
+                    payload,
+                    expires_at,
+                } if *expires_at > now => Claim::Completed {
+                    fingerprint: *fingerprint,
+                    payload: payload.clone(),
+                },
+                State::InProgress {
+                    fingerprint,
+                    lease_until,
+                    ..
+                } if *lease_until > now => Claim::InProgress {
+                    fingerprint: *fingerprint,
+                    retry_after: *lease_until - now,
+                },
+                ended => {
+                    let recovered = matches!(ended, State::InProgress { .. });
+                    let token = self.new_token();
+                    e.insert(held(token));
+                    Claim::Acquired { token, recovered }
+                }
+            },
+        })
+    }
+
+    async fn complete(&self, key: &Key, token: Token, payload: Bytes, ttl: Duration) -> Result<(), StoreError> {
+        let expires_at = Instant::now() + ttl;
+        self.with_held(key, token, |fp| {
+            Some(State::Completed {
+                fingerprint: *fp,
+                payload,
+                expires_at,
+            })
+        })?;
+        self.wake(key);
+        Ok(())
+    }
+
+    async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError> {
+        self.with_held(key, token, |_| None)?;
+        self.wake(key);
+        Ok(())
+    }
+
+    async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
+        let lease_until = Instant::now() + lease;
+        self.with_held(key, token, |fp| {
+            Some(State::InProgress {
+                fingerprint: *fp,
+                token,
+                lease_until,
+            })
+        })
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        let now = Instant::now();
+        let Some(state) = self.shared.records.get(key).map(|s| s.clone()) else {
+            return Ok(None);
+        };
+        Ok(match state {
+            State::InProgress {
+                fingerprint,
+                token,
+                lease_until,
+            } if lease_until > now => Some(Record::InProgress {
+                fingerprint,
+                token,
+                lease_remaining: lease_until - now,
+            }),
+            State::Completed {
+                fingerprint,
+                payload,
+                expires_at,
+            } if expires_at > now => Some(Record::Completed { fingerprint, payload }),
+            _ => None,
+        })
+    }
+
+    async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
+        let now = Instant::now();
+        let removed = self.shared.records.remove(key);
+        self.wake(key);
+        Ok(removed.is_some_and(|(_, state)| state.ends_at() > now))
+    }
+
+    async fn wait(&self, key: &Key, at_most: Duration) -> Result<(), StoreError> {
+        let notify = self
+            .shared
+            .waiters
+            .entry(key.clone())
+            .or_insert_with(|| Arc::new(Notify::new()))
+            .clone();
+        {
+            let mut notified = pin!(notify.notified());
+            notified.as_mut().enable();
+            // Look again after registering, so a change that came in between is not missed.
+            let still_held = matches!(
+                self.shared.records.get(key).map(|s| s.clone()),
+                Some(State::InProgress { lease_until, .. }) if lease_until > Instant::now()
+            );
+            if still_held {
+                let _ = tokio::time::timeout(at_most, notified).await;
+            }
+        }
+        drop(notify);
+        self.shared
+            .waiters
+            .remove_if(key, |_, n| Arc::strong_count(n) == 1);
+        Ok(())
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE.with_wakes_waiters(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(id: &str) -> Key {
+        Key::new("memory-tests", id).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_records_are_swept() {
+        let store = MemoryStore::new();
+        for i in 0..1000 {
+            let k = key(&format!("k{i}"));
+            let Claim::Acquired { token, .. } = store.claim(&k, &Fingerprint::NONE, Duration::from_secs(5)).await.unwrap() else {
+                panic!("fresh key not acquired");
+            };
+            store.complete(&k, token, Bytes::from_static(b"v"), Duration::from_secs(60)).await.unwrap();
+        }
+        assert_eq!(store.len(), 1000);
+        tokio::time::advance(Duration::from_secs(61)).await;
+        // One claim after the sweep interval sweeps everything that ended.
+        store.claim(&key("fresh"), &Fingerprint::NONE, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(store.len(), 1, "only the fresh claim is left");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn live_records_survive_a_sweep_and_purge_counts() {
+        let store = MemoryStore::new();
+        let short = key("short");
+        let long = key("long");
+        for (k, ttl) in [(&short, 10), (&long, 100)] {
+            let Claim::Acquired { token, .. } = store.claim(k, &Fingerprint::NONE, Duration::from_secs(5)).await.unwrap() else {
+                panic!();
+            };
+            store.complete(k, token, Bytes::new(), Duration::from_secs(ttl)).await.unwrap();
+        }
+        tokio::time::advance(Duration::from_secs(50)).await;
+        assert_eq!(store.purge_expired(), 1);
+        assert!(store.get(&long).await.unwrap().is_some());
+        assert!(store.get(&short).await.unwrap().is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiters_map_is_emptied_after_waiting() {
+        let store = MemoryStore::new();
+        let k = key("w");
+        store.claim(&k, &Fingerprint::NONE, Duration::from_secs(5)).await.unwrap();
+        store.wait(&k, Duration::from_millis(10)).await.unwrap();
+        assert!(store.shared.waiters.is_empty());
+    }
+}
