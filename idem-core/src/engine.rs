@@ -505,10 +505,18 @@ impl<'a, C: Codec> Call<'a, C> {
     }
 }
 
+/// A store failure as the caller sees it. A value under the key that is not an idem record
+/// is a decode failure of that key, not an outage.
 fn store_error(key: &Key, source: StoreError) -> Error {
-    Error::Store {
-        key: key.clone(),
-        source,
+    match source {
+        StoreError::Corrupt { reason, .. } => Error::Decode {
+            key: key.clone(),
+            source: DecodeError::Corrupt { reason },
+        },
+        source => Error::Store {
+            key: key.clone(),
+            source,
+        },
     }
 }
 

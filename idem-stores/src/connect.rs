@@ -25,6 +25,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Store>, Error> {
     })?;
     match scheme {
         "memory" => Ok(Arc::new(MemoryStore::new())),
+        // Each backend's arm: the real constructor when its feature is on.
         "redis" | "rediss" => missing(url, "redis"),
         "redis+cluster" | "rediss+cluster" => missing(url, "redis-cluster"),
         "postgres" | "postgresql" => missing(url, "postgres"),
