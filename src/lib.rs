@@ -57,7 +57,7 @@ pub use idem_core::{
     Fingerprint, Idem, IdemBuilder, InProgress, Json, Key, ReadableKeyId, Record, Store,
     StoreError, Token, DEFAULT_LEASE, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
 };
-pub use idem_core::{digest_hex, Bytes};
+pub use idem_core::{async_trait, digest_hex, Bytes};
 pub use idem_stores::MemoryStore;
 
 /// The conformance suite every store backend passes (feature `testing`).

@@ -16,12 +16,15 @@ use tokio::time::Instant;
 
 /// How often, at most, a claim sweeps out ended records.
 const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// How long an in-progress record whose lease ended is kept before a sweep drops it, so
+/// that the claim taking it over can still tell it is a recovery (and log it).
+const ABANDONED_GRACE: Duration = Duration::from_secs(60);
 
 /// An in-process store. Records live as long as the process (or their ttl); clones share
 /// the same records.
 ///
-/// Ended records (expired results, leases ended long ago) are swept by the claims that come
-/// at least a second apart, and by [`MemoryStore::purge_expired`], so the map does not grow
+/// Ended records (expired results, and leases that ended over a minute ago) are swept by
+/// claims that come at least a second apart, and by [`MemoryStore::purge_expired`], so the map does not grow
 /// without bound. No map guard is ever held across an `.await`.
 #[derive(Clone, Default)]
 pub struct MemoryStore {
@@ -74,6 +77,14 @@ impl State {
             State::Completed { expires_at, .. } => *expires_at,
         }
     }
+
+    /// When a sweep may drop the record.
+    fn sweepable_at(&self) -> Instant {
+        match self {
+            State::InProgress { lease_until, .. } => *lease_until + ABANDONED_GRACE,
+            State::Completed { expires_at, .. } => *expires_at,
+        }
+    }
 }
 
 impl std::fmt::Debug for MemoryStore {
@@ -100,11 +111,12 @@ impl MemoryStore {
         self.shared.records.is_empty()
     }
 
-    /// Removes every ended record now; returns how many.
+    /// Removes every ended record now (in-progress ones a minute after their lease ended);
+    /// returns how many.
     pub fn purge_expired(&self) -> usize {
         let now = Instant::now();
         let before = self.shared.records.len();
-        self.shared.records.retain(|_, state| state.ends_at() > now);
+        self.shared.records.retain(|_, state| state.sweepable_at() > now);
         self.note_sweep(now);
         before.saturating_sub(self.shared.records.len())
     }
@@ -128,7 +140,7 @@ impl MemoryStore {
             .compare_exchange(last, now_ms, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
         {
-            self.shared.records.retain(|_, state| state.ends_at() > now);
+            self.shared.records.retain(|_, state| state.sweepable_at() > now);
         }
     }
 

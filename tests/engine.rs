@@ -1,0 +1,543 @@
+//! The engine's promises, through the facade: release on failure, heartbeat, fencing,
+//! wait mode, bad input, decode errors, store faults, the local cache and tracing events.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem::{
+    Bytes, Capabilities, Claim, DecodeError, Error, Fingerprint, Idem, InProgress, Key, MemoryStore, Record, Store,
+    StoreError, Token,
+};
+
+/// A memory store that counts calls and can fail on demand.
+#[derive(Debug, Default)]
+struct Faulty {
+    inner: MemoryStore,
+    calls: AtomicU32,
+    claims: AtomicU32,
+    completes: AtomicU32,
+    fail_claims: AtomicBool,
+    fail_completes: AtomicU32,
+}
+
+fn unavailable() -> StoreError {
+    StoreError::Unavailable {
+        backend: "faulty",
+        source: Box::new(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused (injected)")),
+    }
+}
+
+#[idem::async_trait]
+impl Store for Faulty {
+    async fn claim(&self, key: &Key, fp: &Fingerprint, lease: Duration) -> Result<Claim, StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        if self.fail_claims.load(Ordering::SeqCst) {
+            return Err(unavailable());
+        }
+        self.inner.claim(key, fp, lease).await
+    }
+    async fn complete(&self, key: &Key, token: Token, payload: Bytes, ttl: Duration) -> Result<(), StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.completes.fetch_add(1, Ordering::SeqCst);
+        if self
+            .fail_completes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(unavailable());
+        }
+        self.inner.complete(key, token, payload, ttl).await
+    }
+    async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.release(key, token).await
+    }
+    async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        self.inner.extend(key, token, lease).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.inner.get(key).await
+    }
+    async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
+        self.inner.delete(key).await
+    }
+    async fn wait(&self, key: &Key, at_most: Duration) -> Result<(), StoreError> {
+        self.inner.wait(key, at_most).await
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+}
+
+fn setup() -> (Arc<Faulty>, Idem) {
+    let store = Arc::new(Faulty::default());
+    let idem = Idem::builder().store(store.clone()).build().unwrap();
+    (store, idem)
+}
+
+fn key(id: &str) -> Key {
+    Key::new("engine-tests", id).unwrap()
+}
+
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+enum PayError {
+    Declined,
+    Timeout,
+    Idem(String),
+}
+
+impl From<Error> for PayError {
+    fn from(e: Error) -> Self {
+        PayError::Idem(e.to_string())
+    }
+}
+
+async fn wait_until_released(store: &dyn Store, k: &Key) {
+    for _ in 0..200 {
+        if store.get(k).await.unwrap().is_none() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("the claim on {k} was never released");
+}
+
+#[tokio::test]
+async fn err_releases_the_claim_and_the_next_call_runs_again() {
+    let (_, idem) = setup();
+    let runs = AtomicU32::new(0);
+    for expected in [Err(PayError::Timeout), Err(PayError::Timeout), Ok(7u32)] {
+        let out = idem
+            .call(key("retry"))
+            .run_fallible(|| async {
+                let n = runs.fetch_add(1, Ordering::SeqCst);
+                if n < 2 {
+                    Err(PayError::Timeout)
+                } else {
+                    Ok(7u32)
+                }
+            })
+            .await;
+        assert_eq!(out, expected);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3, "each failure was retried");
+    let replay: Result<u32, PayError> = idem.call(key("retry")).run_fallible(|| async { Ok(99) }).await;
+    assert_eq!(replay, Ok(7), "the success is replayed");
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test]
+async fn chosen_errors_are_cached_and_others_released() {
+    let (_, idem) = setup();
+    let runs = AtomicU32::new(0);
+    let is_declined = |e: &PayError| *e == PayError::Declined;
+    for _ in 0..3 {
+        let out: Result<u32, PayError> = idem
+            .call(key("declined"))
+            .run_caching_errors(is_declined, || async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Err(PayError::Declined)
+            })
+            .await;
+        assert_eq!(out, Err(PayError::Declined));
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "a declined card stays declined without a second charge attempt");
+
+    for _ in 0..2 {
+        let out: Result<u32, PayError> = idem
+            .call(key("timeout"))
+            .run_caching_errors(is_declined, || async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Err(PayError::Timeout)
+            })
+            .await;
+        assert_eq!(out, Err(PayError::Timeout));
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3, "an error not chosen is not cached");
+}
+
+fn explode() -> u32 {
+    panic!("boom")
+}
+
+#[tokio::test]
+async fn a_panicking_body_releases_its_claim() {
+    let (store, idem) = setup();
+    let k = key("panic");
+    let task = {
+        let (idem, k) = (idem.clone(), k.clone());
+        tokio::spawn(async move { idem.run(k, Fingerprint::NONE, || async { explode() }).await })
+    };
+    assert!(task.await.unwrap_err().is_panic());
+    wait_until_released(&*store, &k).await;
+    let v: u32 = idem.run(k, Fingerprint::NONE, || async { 5 }).await.unwrap();
+    assert_eq!(v, 5);
+}
+
+#[tokio::test]
+async fn a_dropped_call_releases_its_claim() {
+    let (store, idem) = setup();
+    let k = key("dropped");
+    let started = Arc::new(tokio::sync::Notify::new());
+    let call = {
+        let (idem, k, started) = (idem.clone(), k.clone(), started.clone());
+        tokio::spawn(async move {
+            idem.run(k, Fingerprint::NONE, || async move {
+                started.notify_one();
+                std::future::pending::<u32>().await
+            })
+            .await
+        })
+    };
+    started.notified().await;
+    assert!(matches!(store.get(&k).await.unwrap(), Some(Record::InProgress { .. })));
+    call.abort();
+    wait_until_released(&*store, &k).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_heartbeat_keeps_a_long_body_s_lease() {
+    let (store, idem) = setup();
+    let k = key("long-body");
+    let runs = Arc::new(AtomicU32::new(0));
+    let first = {
+        let (idem, k, runs) = (idem.clone(), k.clone(), runs.clone());
+        tokio::spawn(async move {
+            idem.call(k)
+                .lease(Duration::from_secs(3))
+                .run(|| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_secs(20)).await;
+                    "slow".to_string()
+                })
+                .await
+        })
+    };
+    // Far past the 3s lease, the first call still holds the key.
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let dup = idem.call(k.clone()).run(|| async { "dup".to_string() }).await;
+        assert!(matches!(dup, Err(Error::InProgress { .. })), "{dup:?}");
+    }
+    assert_eq!(first.await.unwrap().unwrap(), "slow");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(store.calls.load(Ordering::SeqCst) > 8, "extend calls were made");
+}
+
+#[tokio::test]
+async fn a_holder_whose_key_was_taken_over_gets_lease_lost() {
+    let (store, idem) = setup();
+    let k = key("taken-over");
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let (idem, k) = (idem.clone(), k.clone());
+        tokio::spawn(async move {
+            idem.run(k, Fingerprint::NONE, || async move {
+                go_rx.await.unwrap();
+                "first".to_string()
+            })
+            .await
+        })
+    };
+    while store.get(&k).await.unwrap().is_none() {
+        tokio::task::yield_now().await;
+    }
+    // An operator deletes the record and a second caller runs and stores its result.
+    assert!(idem.forget(&k).await.unwrap());
+    let second: String = idem.run(k.clone(), Fingerprint::NONE, || async { "second".to_string() }).await.unwrap();
+    assert_eq!(second, "second");
+    go_tx.send(()).unwrap();
+    let first = first.await.unwrap();
+    assert!(matches!(first, Err(Error::LeaseLost { .. })), "{first:?}");
+    let replay: String = idem.run(k, Fingerprint::NONE, || async { "third".to_string() }).await.unwrap();
+    assert_eq!(replay, "second", "the successor's result was not overwritten");
+}
+
+#[tokio::test]
+async fn wait_mode_returns_the_first_result_and_reject_mode_refuses() {
+    let (_, idem) = setup();
+    let k = key("wait");
+    let runs = Arc::new(AtomicU32::new(0));
+    let call = |mode| {
+        let (idem, k, runs) = (idem.clone(), k.clone(), runs.clone());
+        tokio::spawn(async move {
+            idem.call(k)
+                .in_progress(mode)
+                .run(|| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    42u64
+                })
+                .await
+        })
+    };
+    let first = call(InProgress::Reject);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let rejected = call(InProgress::Reject).await.unwrap();
+    match rejected {
+        Err(Error::InProgress { retry_after, ref key }) => {
+            assert!(retry_after > Duration::ZERO);
+            assert_eq!(key.id(), "wait");
+            assert!(rejected.as_ref().unwrap_err().to_string().contains("engine-tests/wait"));
+        }
+        other => panic!("expected InProgress, got {other:?}"),
+    }
+    let waited = call(InProgress::Wait).await.unwrap().unwrap();
+    assert_eq!(waited, 42);
+    assert_eq!(first.await.unwrap().unwrap(), 42);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_waiter_runs_the_body_itself_when_the_first_call_fails() {
+    let (_, idem) = setup();
+    let k = key("wait-then-run");
+    let first = {
+        let (idem, k) = (idem.clone(), k.clone());
+        tokio::spawn(async move {
+            idem.call(k)
+                .run_fallible(|| async {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    Err::<u32, _>(PayError::Timeout)
+                })
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let waiter: Result<u32, PayError> = idem
+        .call(k)
+        .in_progress(InProgress::Wait)
+        .run_fallible(|| async { Ok(9) })
+        .await;
+    assert_eq!(first.await.unwrap(), Err(PayError::Timeout));
+    assert_eq!(waiter, Ok(9));
+}
+
+#[tokio::test]
+async fn wait_mode_gives_up_after_its_timeout() {
+    let (_, idem) = setup();
+    let k = key("wait-timeout");
+    let _holder = {
+        let (idem, k) = (idem.clone(), k.clone());
+        tokio::spawn(async move { idem.run(k, Fingerprint::NONE, || std::future::pending::<u8>()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let out = idem
+        .call(k)
+        .in_progress(InProgress::Wait)
+        .wait_timeout(Duration::from_millis(150))
+        .run(|| async { 1u8 })
+        .await;
+    match out {
+        Err(Error::WaitTimeout { waited, .. }) => assert!(waited >= Duration::from_millis(150)),
+        other => panic!("expected WaitTimeout, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_before_any_store_access() {
+    let (store, idem) = setup();
+    let ran = AtomicBool::new(false);
+    let body = || async {
+        ran.store(true, Ordering::SeqCst);
+        1u8
+    };
+    let empty = idem.call_checked(Key::new("s", "")).run(body).await;
+    assert!(matches!(&empty, Err(Error::InvalidKey { reason, .. }) if reason.contains("empty")), "{empty:?}");
+    let long = idem.call_checked(Key::new("s", "k".repeat(1025))).run(body).await;
+    let msg = long.unwrap_err().to_string();
+    assert!(msg.contains("1025 bytes") && msg.contains("1024"), "{msg}");
+    let slash = Key::new("a/b", "k").unwrap_err().to_string();
+    assert!(slash.contains('/'), "{slash}");
+    let zero_ttl = idem.call(key("zero-ttl")).ttl(Duration::ZERO).run(body).await;
+    assert!(matches!(&zero_ttl, Err(Error::InvalidOption { option: "ttl", .. })), "{zero_ttl:?}");
+    assert!(zero_ttl.unwrap_err().to_string().contains("engine-tests/zero-ttl"));
+    let zero_lease = idem.call(key("zero-lease")).lease(Duration::ZERO).run(body).await;
+    assert!(matches!(zero_lease, Err(Error::InvalidOption { option: "lease", .. })));
+    assert_eq!(store.calls.load(Ordering::SeqCst), 0, "nothing reached the store");
+    assert!(!ran.load(Ordering::SeqCst), "the body never ran");
+
+    let built = Idem::builder().store(MemoryStore::new()).ttl(Duration::ZERO).build();
+    assert!(built.unwrap_err().to_string().contains("`ttl`"));
+    let no_store = Idem::builder().build();
+    assert!(no_store.unwrap_err().to_string().contains(".store("));
+}
+
+#[tokio::test]
+async fn an_unreachable_store_fails_closed_with_the_source_kept() {
+    let (store, idem) = setup();
+    store.fail_claims.store(true, Ordering::SeqCst);
+    let ran = AtomicBool::new(false);
+    let out = idem
+        .run(key("down"), Fingerprint::NONE, || async {
+            ran.store(true, Ordering::SeqCst);
+            1u8
+        })
+        .await;
+    let err = out.unwrap_err();
+    assert!(matches!(err, Error::Store { .. }));
+    assert!(err.is_retryable());
+    assert!(!ran.load(Ordering::SeqCst), "the body must not run without a claim");
+    // The chain reaches the client's own error.
+    let mut chain = Vec::new();
+    let mut cur: Option<&dyn std::error::Error> = Some(&err);
+    while let Some(e) = cur {
+        chain.push(e.to_string());
+        cur = e.source();
+    }
+    assert!(chain.iter().any(|m| m.contains("injected")), "{chain:?}");
+}
+
+#[tokio::test]
+async fn a_failed_complete_is_retried() {
+    let (store, idem) = setup();
+    store.fail_completes.store(1, Ordering::SeqCst);
+    let v: u8 = idem.run(key("flaky"), Fingerprint::NONE, || async { 3 }).await.unwrap();
+    assert_eq!(v, 3);
+    assert_eq!(store.completes.load(Ordering::SeqCst), 2, "one failure, one retry");
+    let replay: u8 = idem.run(key("flaky"), Fingerprint::NONE, || async { 4 }).await.unwrap();
+    assert_eq!(replay, 3);
+
+    store.fail_completes.store(100, Ordering::SeqCst);
+    let out = idem.run(key("dead"), Fingerprint::NONE, || async { 3u8 }).await;
+    assert!(matches!(out, Err(Error::Store { .. })), "{out:?}");
+    assert_eq!(store.completes.load(Ordering::SeqCst), 2 + 3, "bounded: three attempts");
+}
+
+#[tokio::test]
+async fn records_that_do_not_decode_are_errors_naming_the_key() {
+    let (store, idem) = setup();
+    // Junk bytes under the key.
+    let k = key("junk");
+    let Claim::Acquired { token, .. } = store.claim(&k, &Fingerprint::NONE, Duration::from_secs(5)).await.unwrap() else {
+        panic!()
+    };
+    store.complete(&k, token, Bytes::from_static(b"not an envelope"), Duration::from_secs(60)).await.unwrap();
+    let err = idem.run(k, Fingerprint::NONE, || async { 1u32 }).await.unwrap_err();
+    assert!(matches!(err, Error::Decode { source: DecodeError::NotAnEnvelope, .. }), "{err:?}");
+    assert!(err.to_string().contains("engine-tests/junk"), "{err}");
+
+    // A record of another type.
+    let _: Vec<u32> = idem.run(key("typed"), Fingerprint::NONE, || async { vec![1, 2] }).await.unwrap();
+    let err = idem.run(key("typed"), Fingerprint::NONE, || async { vec![1u64] }).await.unwrap_err();
+    assert!(matches!(err, Error::Decode { source: DecodeError::Type { .. }, .. }), "{err:?}");
+
+    // A cached error read by a call that does not cache errors.
+    let _: Result<u32, PayError> = idem
+        .call(key("cached-err"))
+        .run_caching_errors(|_: &PayError| true, || async { Err(PayError::Declined) })
+        .await;
+    let err = idem.call(key("cached-err")).run(|| async { 1u32 }).await.unwrap_err();
+    assert!(matches!(err, Error::Decode { source: DecodeError::UnexpectedError, .. }), "{err:?}");
+}
+
+#[cfg(feature = "postcard")]
+#[tokio::test]
+async fn codecs_are_kept_apart() {
+    use idem::codec::{Json, Postcard};
+    let (_, idem) = setup();
+    let v: (u8, String) = idem.call(key("pc")).codec(Postcard).run(|| async { (1, "x".into()) }).await.unwrap();
+    assert_eq!(v, (1, "x".into()));
+    let replay: (u8, String) = idem.call(key("pc")).codec(Postcard).run(|| async { (2, "y".into()) }).await.unwrap();
+    assert_eq!(replay, (1, "x".into()));
+    let err = idem.call(key("pc")).codec(Json).run(|| async { (3u8, String::new()) }).await.unwrap_err();
+    assert!(matches!(err, Error::Decode { source: DecodeError::Codec { found: 2, expected: 1 }, .. }), "{err:?}");
+}
+
+#[cfg(feature = "bincode")]
+#[tokio::test]
+async fn the_bincode_codec_round_trips() {
+    let (_, idem) = setup();
+    let idem2 = Idem::builder()
+        .shared_store(idem.store().clone())
+        .codec(idem::BuiltinCodec::Bincode)
+        .build()
+        .unwrap();
+    let v: Vec<i64> = idem2.run(key("bc"), Fingerprint::NONE, || async { vec![-1, 2] }).await.unwrap();
+    let replay: Vec<i64> = idem2.run(key("bc"), Fingerprint::NONE, || async { vec![] }).await.unwrap();
+    assert_eq!(v, replay);
+}
+
+#[tokio::test]
+async fn the_local_cache_answers_replays_without_the_store() {
+    let store = Arc::new(Faulty::default());
+    let idem = Idem::builder()
+        .store(store.clone())
+        .local_cache(100, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let fp = Fingerprint::of("payload");
+    for _ in 0..10 {
+        let v: u32 = idem.run(key("hot"), fp, || async { 11 }).await.unwrap();
+        assert_eq!(v, 11);
+    }
+    assert_eq!(store.claims.load(Ordering::SeqCst), 1, "replays came from the local cache");
+    let reuse = idem.run(key("hot"), Fingerprint::of("other"), || async { 12u32 }).await;
+    assert!(matches!(reuse, Err(Error::KeyReuse { .. })), "the cache checks fingerprints too");
+    assert!(idem.forget(&key("hot")).await.unwrap());
+    let v: u32 = idem.run(key("hot"), fp, || async { 13 }).await.unwrap();
+    assert_eq!(v, 13, "forget clears the cache as well as the store");
+}
+
+#[tokio::test]
+async fn key_reuse_is_refused_while_in_progress_too() {
+    let (_, idem) = setup();
+    let k = key("reuse-in-progress");
+    let _holder = {
+        let (idem, k) = (idem.clone(), k.clone());
+        tokio::spawn(async move { idem.run(k, Fingerprint::of(&1), || std::future::pending::<u8>()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let out = idem
+        .call(k)
+        .fingerprint(Fingerprint::of(&2))
+        .in_progress(InProgress::Wait)
+        .run(|| async { 1u8 })
+        .await;
+    assert!(matches!(out, Err(Error::KeyReuse { .. })), "{out:?}");
+}
+
+/// Collects the messages of idem's tracing events.
+#[derive(Clone, Default)]
+struct Events(Arc<Mutex<Vec<String>>>);
+
+impl std::io::Write for Events {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().push(String::from_utf8_lossy(buf).into_owned());
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn tracing_events_mark_claim_replay_complete_release_and_takeover() {
+    let events = Events::default();
+    let sink = events.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || sink.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let store = MemoryStore::new();
+    let idem = Idem::new(store.clone());
+    let _: u8 = idem.run(key("t1"), Fingerprint::NONE, || async { 1 }).await.unwrap();
+    let _: u8 = idem.run(key("t1"), Fingerprint::NONE, || async { 1 }).await.unwrap();
+    let _: Result<u8, PayError> = idem.call(key("t2")).run_fallible(|| async { Err(PayError::Timeout) }).await;
+    // A holder that vanished: its lease ends and the next call takes over.
+    store.claim(&key("t3"), &Fingerprint::NONE, Duration::from_secs(1)).await.unwrap();
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let _: u8 = idem.run(key("t3"), Fingerprint::NONE, || async { 3 }).await.unwrap();
+
+    let log = events.0.lock().unwrap().concat();
+    for needle in ["claimed", "replay", "completed", "released", "took over"] {
+        assert!(log.contains(needle), "no `{needle}` event in:\n{log}");
+    }
+    assert!(log.contains("engine-tests/t3"), "events name the key:\n{log}");
+}
