@@ -60,6 +60,9 @@ pub use idem_core::{
 pub use idem_core::{async_trait, digest_hex, Bytes};
 pub use idem_stores::MemoryStore;
 
+#[doc(inline)]
+pub use idem_macros::idempotent;
+
 /// The conformance suite every store backend passes (feature `testing`).
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]

@@ -1,12 +1,28 @@
 //! Items that `#[idempotent]` expands to. Not a public API: names and signatures change
 //! without notice.
+//!
+//! Two kinds of items live here. Probes pick, at compile time and without specialization,
+//! how a value becomes part of a key (autoref specialization: method resolution tries the
+//! receiver by value, then by reference, then dereferenced, and takes the first impl whose
+//! bounds hold). Assertions are empty functions whose bounds carry a
+//! `#[diagnostic::on_unimplemented]` message, so that a type that cannot be stored or
+//! digested is reported once, in words about idem, at the user's own token.
 
-use serde::Serialize;
+use std::time::Duration;
+
+use serde::{de::DeserializeOwned, Serialize};
 
 pub use crate::{Call, Error, Fingerprint, Idem, InProgress, Key};
 
-/// Holds a reference to a key expression; method resolution then picks a readable id for
-/// strings and integers and a digest for any other `Serialize` value.
+use crate::key::ReadableKeyId;
+
+// ---------------------------------------------------------------------------------------
+// Key ids.
+
+/// Holds a reference to a key expression; method resolution on `(&&KeyIdProbe(&expr))`
+/// then picks a readable id for strings and integers ([`ViaReadable`]), a digest for any
+/// other `Serialize` value ([`ViaDigest`]), and otherwise [`ViaNothing`], which only exists
+/// so that the one error about the key comes from [`assert_key`].
 pub struct KeyIdProbe<'a, T: ?Sized>(pub &'a T);
 
 /// Chosen first: strings and integers stay readable.
@@ -15,7 +31,7 @@ pub trait ViaReadable {
     fn __idem_key_id(&self) -> String;
 }
 
-impl<T: crate::key::ReadableKeyId + ?Sized> ViaReadable for KeyIdProbe<'_, T> {
+impl<T: ReadableKeyId + ?Sized> ViaReadable for &KeyIdProbe<'_, T> {
     fn __idem_key_id(&self) -> String {
         self.0.key_id().into_owned()
     }
@@ -27,20 +43,211 @@ pub trait ViaDigest {
     fn __idem_key_id(&self) -> String;
 }
 
-impl<T: Serialize + ?Sized> ViaDigest for &KeyIdProbe<'_, T> {
+impl<T: Serialize + ?Sized> ViaDigest for &&KeyIdProbe<'_, T> {
     fn __idem_key_id(&self) -> String {
         crate::digest::digest_hex(self.0)
     }
 }
 
-/// Parses a duration literal such as `"250ms"`, `"30s"`, `"5m"`, `"24h"` or `"7d"`.
-/// The macro checks literals at compile time with the same rules.
-pub const fn duration_ms(ms: u64) -> std::time::Duration {
-    std::time::Duration::from_millis(ms)
+/// Chosen when the value is not `Serialize`. The expansion also calls [`assert_key`] on the
+/// same value, which fails to compile in that case, so this never runs.
+pub trait ViaNothing {
+    /// The key id.
+    fn __idem_key_id(&self) -> String;
 }
 
-/// Anything that can be turned into a `Duration` option: a `Duration`, or a literal already
-/// checked by the macro.
-pub fn into_duration(d: impl Into<std::time::Duration>) -> std::time::Duration {
+impl<T: ?Sized> ViaNothing for KeyIdProbe<'_, T> {
+    fn __idem_key_id(&self) -> String {
+        String::new()
+    }
+}
+
+/// A key with a readable or digested id: what `key = <expr>` expands to.
+pub fn key(scope: &str, id: String) -> Result<Key, Error> {
+    Key::new(scope, id)
+}
+
+/// A key whose id is the digest of the arguments: what a function without `key` uses.
+pub fn digest_key<T: Serialize + ?Sized>(scope: &str, args: &T) -> Result<Key, Error> {
+    Key::digest(scope, args)
+}
+
+// ---------------------------------------------------------------------------------------
+// Arguments.
+
+/// Holds a reference to an argument; `(&ArgProbe(&arg)).__idem_arg()` is the argument
+/// itself when it is `Serialize` ([`ArgSerialize`]), and a placeholder otherwise
+/// ([`ArgPlaceholder`]), so that the tuple of arguments always compiles and the one error
+/// about the argument comes from [`assert_arg`].
+pub struct ArgProbe<'a, T: ?Sized>(pub &'a T);
+
+/// Chosen when the argument is `Serialize`.
+pub trait ArgSerialize<'a> {
+    /// What is digested.
+    type Digested: ?Sized + Serialize;
+    /// The argument.
+    fn __idem_arg(&self) -> &'a Self::Digested;
+}
+
+impl<'a, T: Serialize + ?Sized> ArgSerialize<'a> for ArgProbe<'a, T> {
+    type Digested = T;
+    fn __idem_arg(&self) -> &'a T {
+        self.0
+    }
+}
+
+/// Stands for an argument that is not `Serialize`; never digested, since the crate does
+/// not compile in that case.
+#[derive(Serialize)]
+pub struct NotSerialize;
+
+/// Chosen when the argument is not `Serialize`.
+pub trait ArgPlaceholder<'a> {
+    /// What is digested.
+    type Digested: ?Sized + Serialize;
+    /// The placeholder.
+    fn __idem_arg(&self) -> &'a Self::Digested;
+}
+
+impl<'a, T: ?Sized> ArgPlaceholder<'a> for &ArgProbe<'a, T> {
+    type Digested = NotSerialize;
+    fn __idem_arg(&self) -> &'a NotSerialize {
+        &NotSerialize
+    }
+}
+
+/// The fingerprint of a `fingerprint = <expr>` value.
+pub fn fingerprint_of<T: Serialize + ?Sized>(value: &T) -> Fingerprint {
+    Fingerprint::of(value)
+}
+
+// ---------------------------------------------------------------------------------------
+// Engines, options.
+
+/// The engine of `store = <expr>`: an `Idem`, a reference to one, or anything that derefs
+/// to one (an `Arc<Idem>`). Cloned (one `Arc` increment) so that the expression may borrow
+/// `self` while the body takes `self` by value.
+pub fn engine(idem: &Idem) -> Idem {
+    idem.clone()
+}
+
+/// A duration literal (`"250ms"`, `"30s"`, `"5m"`, `"24h"`, `"7d"`), already checked and
+/// converted to milliseconds by the macro.
+pub const fn duration_ms(ms: u64) -> Duration {
+    Duration::from_millis(ms)
+}
+
+/// A duration option given as an expression: a `Duration`, or anything that converts.
+pub fn into_duration(d: impl Into<Duration>) -> Duration {
     d.into()
+}
+
+/// `cache_errors` without a predicate: every `Err` is stored and replayed.
+pub fn cache_every_error<E>(_: &E) -> bool {
+    true
+}
+
+/// The parts of a `Result`, for return types spelled through an alias (`io::Result<T>`).
+pub trait Fallible {
+    /// The success type.
+    type Ok;
+    /// The error type.
+    type Err;
+}
+
+impl<T, E> Fallible for Result<T, E> {
+    type Ok = T;
+    type Err = E;
+}
+
+// ---------------------------------------------------------------------------------------
+// Compile-time assertions. Their traits are blanket impls over the real bounds; rustc
+// reports the message of the trait named in the bound, and suppresses the engine's own
+// errors for the same type at the same token (they are implied by the supertraits).
+
+/// A value usable as a key: strings, integers, or any `Serialize` value.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be an idempotency key",
+    label = "this key is not a string, an integer or a `Serialize` value",
+    note = "a key is a string or an integer (kept readable) or any `serde::Serialize` value (digested): derive `Serialize` for `{Self}`, or key on one of its fields"
+)]
+pub trait KeyValue: Serialize {}
+impl<T: Serialize + ?Sized> KeyValue for T {}
+
+/// Fails to compile, at the key expression, unless the key can be a key.
+pub fn assert_key<T: KeyValue + ?Sized>(_: &T) {}
+
+/// An argument that is digested into the key and fingerprint.
+#[diagnostic::on_unimplemented(
+    message = "argument of type `{Self}` is not `Serialize`, so it cannot be part of the idempotency key and fingerprint",
+    label = "not `Serialize`",
+    note = "if this argument is not part of the request (a client, a connection, a context), leave it out with `#[idempotent(skip(<name>))]`",
+    note = "otherwise derive `serde::Serialize` for `{Self}`"
+)]
+pub trait ArgValue: Serialize {}
+impl<T: Serialize + ?Sized> ArgValue for T {}
+
+/// Fails to compile, at the argument, unless it is `Serialize`.
+pub fn assert_arg<T: ArgValue + ?Sized>(_: &T) {}
+
+/// A value that is stored and replayed.
+#[diagnostic::on_unimplemented(
+    message = "the result type `{Self}` of an `#[idempotent]` fn must be `Serialize + DeserializeOwned`",
+    label = "its value is stored, then decoded for every later call with the same key",
+    note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}` (owned data only: no borrowed `&str` or `&[u8]` fields)"
+)]
+pub trait CachedValue: Serialize + DeserializeOwned {}
+impl<T: Serialize + DeserializeOwned> CachedValue for T {}
+
+/// Fails to compile, at the return type, unless the result can be stored.
+pub fn assert_result<T: CachedValue>() {}
+
+/// The error type of a fallible `#[idempotent]` fn.
+#[diagnostic::on_unimplemented(
+    message = "the error type `{Self}` of an `#[idempotent]` fn must implement `From<idem::Error>`",
+    label = "idem's own failures (store unreachable, key in progress, key reused) are returned as this type",
+    note = "add a variant such as `#[error(transparent)] Idem(#[from] idem::Error)`, or return `idem::Error` itself"
+)]
+pub trait IdemErrorType: From<Error> {}
+impl<E: From<Error>> IdemErrorType for E {}
+
+/// Fails to compile, at the error type, unless it can carry an `idem::Error`.
+pub fn assert_error<E: IdemErrorType>() {}
+
+/// The error type of a function with `cache_errors`.
+#[diagnostic::on_unimplemented(
+    message = "with `cache_errors`, the error type `{Self}` must be `Serialize + DeserializeOwned` and implement `From<idem::Error>`",
+    label = "a cached error is stored, then decoded for every later call with the same key",
+    note = "derive `serde::Serialize` and `serde::Deserialize` for `{Self}`, and convert `idem::Error` into it with a `From` impl"
+)]
+pub trait CachedErrorType: Serialize + DeserializeOwned + From<Error> {}
+impl<E: Serialize + DeserializeOwned + From<Error>> CachedErrorType for E {}
+
+/// Fails to compile, at the error type, unless the error can be stored.
+pub fn assert_cached_error<E: CachedErrorType>() {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probes_keep_strings_and_integers_readable() {
+        assert_eq!((&&KeyIdProbe(&"order-42")).__idem_key_id(), "order-42");
+        assert_eq!((&&KeyIdProbe(&String::from("a b"))).__idem_key_id(), "a b");
+        assert_eq!((&&KeyIdProbe(&42u64)).__idem_key_id(), "42");
+        assert_eq!((&&KeyIdProbe(&-7i32)).__idem_key_id(), "-7");
+        let digest = (&&KeyIdProbe(&("order", 42))).__idem_key_id();
+        assert_eq!(digest, crate::digest_hex(&("order", 42)));
+        assert_eq!(digest.len(), 32);
+    }
+
+    #[test]
+    fn arg_probe_passes_serialize_values_through() {
+        let v = vec![1u8, 2];
+        let got: &Vec<u8> = (&ArgProbe(&v)).__idem_arg();
+        assert_eq!(got, &v);
+        struct Opaque;
+        let placeholder = (&ArgProbe(&Opaque)).__idem_arg();
+        assert_eq!(Fingerprint::of(placeholder), Fingerprint::of(&NotSerialize));
+    }
 }

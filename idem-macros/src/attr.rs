@@ -1,0 +1,353 @@
+//! Parsing of the attribute's options: `#[idempotent(key = ..., ttl = "24h", ...)]`.
+//!
+//! Everything that can be judged from the attribute alone is checked here (unknown and
+//! duplicated options, duration literals, `in_progress` values, the scope literal); checks
+//! that need the function are in `valid.rs`.
+
+use proc_macro2::Span;
+use syn::parse::{Parse, ParseStream};
+use syn::spanned::Spanned;
+use syn::{Expr, Ident, LitStr, Token};
+
+/// The option names, in the order the docs list them.
+pub const OPTIONS: &[&str] = &[
+    "key",
+    "scope",
+    "store",
+    "ttl",
+    "lease",
+    "in_progress",
+    "wait_timeout",
+    "fingerprint",
+    "skip",
+    "cache_errors",
+    "codec",
+    "crate",
+];
+
+pub mod kw {
+    syn::custom_keyword!(key);
+    syn::custom_keyword!(scope);
+    syn::custom_keyword!(store);
+    syn::custom_keyword!(ttl);
+    syn::custom_keyword!(lease);
+    syn::custom_keyword!(in_progress);
+    syn::custom_keyword!(wait_timeout);
+    syn::custom_keyword!(fingerprint);
+    syn::custom_keyword!(skip);
+    syn::custom_keyword!(cache_errors);
+    syn::custom_keyword!(codec);
+    syn::custom_keyword!(none);
+}
+
+/// A parsed option together with the span of its name, for errors about the option.
+pub struct Opt<T> {
+    pub name: Span,
+    pub value: T,
+}
+
+/// A duration option: a literal checked here, or an expression evaluated at run time.
+pub enum DurationArg {
+    Millis(u64, Span),
+    Expr(Box<Expr>),
+}
+
+/// `in_progress = "reject" | "wait"`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum InProgressMode {
+    Reject,
+    Wait,
+}
+
+/// `fingerprint = none` or `fingerprint = <expr>`.
+pub enum FingerprintArg {
+    None,
+    Expr(Box<Expr>),
+}
+
+/// Every option of one attribute. Each is set at most once.
+#[derive(Default)]
+pub struct Args {
+    pub key: Option<Opt<Expr>>,
+    pub scope: Option<Opt<LitStr>>,
+    pub store: Option<Opt<Expr>>,
+    pub ttl: Option<Opt<DurationArg>>,
+    pub lease: Option<Opt<DurationArg>>,
+    pub in_progress: Option<Opt<InProgressMode>>,
+    pub wait_timeout: Option<Opt<DurationArg>>,
+    pub fingerprint: Option<Opt<FingerprintArg>>,
+    pub skip: Option<Opt<Vec<Ident>>>,
+    /// `cache_errors` alone (`None`: cache every error) or `cache_errors = <predicate>`.
+    pub cache_errors: Option<Opt<Option<Expr>>>,
+    pub codec: Option<Opt<Expr>>,
+    pub krate: Option<Opt<syn::Path>>,
+    /// Errors found while parsing that do not stop the parse (duplicates, bad literals).
+    pub errors: Vec<syn::Error>,
+}
+
+impl Parse for Args {
+    fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
+        let mut args = Args::default();
+        while !input.is_empty() {
+            args.parse_one(input)?;
+            if input.is_empty() {
+                break;
+            }
+            input.parse::<Token![,]>()?;
+        }
+        Ok(args)
+    }
+}
+
+impl Args {
+    fn parse_one(&mut self, input: ParseStream<'_>) -> syn::Result<()> {
+        let name_span = input.span();
+        if input.peek(Token![crate]) {
+            input.parse::<Token![crate]>()?;
+            input.parse::<Token![=]>()?;
+            let lit: LitStr = input.parse()?;
+            let path = lit.parse::<syn::Path>().map_err(|_| {
+                syn::Error::new(
+                    lit.span(),
+                    "`crate` takes the path of the renamed `idem` dependency, like `crate = \"my_idem\"`",
+                )
+            })?;
+            return self.set(|a| &mut a.krate, "crate", name_span, path);
+        }
+        if input.peek(kw::key) {
+            input.parse::<kw::key>()?;
+            input.parse::<Token![=]>()?;
+            let expr = input.parse()?;
+            self.set(|a| &mut a.key, "key", name_span, expr)
+        } else if input.peek(kw::scope) {
+            input.parse::<kw::scope>()?;
+            input.parse::<Token![=]>()?;
+            let lit = parse_lit_str(
+                input,
+                "scope",
+                "a scope such as `scope = \"billing::charge\"`",
+            )?;
+            if let Err(e) = check_scope(&lit) {
+                self.errors.push(e);
+            }
+            self.set(|a| &mut a.scope, "scope", name_span, lit)
+        } else if input.peek(kw::store) {
+            input.parse::<kw::store>()?;
+            input.parse::<Token![=]>()?;
+            let expr = input.parse()?;
+            self.set(|a| &mut a.store, "store", name_span, expr)
+        } else if input.peek(kw::ttl) {
+            input.parse::<kw::ttl>()?;
+            let d = self.parse_duration(input)?;
+            self.set(|a| &mut a.ttl, "ttl", name_span, d)
+        } else if input.peek(kw::lease) {
+            input.parse::<kw::lease>()?;
+            let d = self.parse_duration(input)?;
+            self.set(|a| &mut a.lease, "lease", name_span, d)
+        } else if input.peek(kw::wait_timeout) {
+            input.parse::<kw::wait_timeout>()?;
+            let d = self.parse_duration(input)?;
+            self.set(|a| &mut a.wait_timeout, "wait_timeout", name_span, d)
+        } else if input.peek(kw::in_progress) {
+            input.parse::<kw::in_progress>()?;
+            input.parse::<Token![=]>()?;
+            let lit = parse_lit_str(
+                input,
+                "in_progress",
+                "`in_progress = \"reject\"` or `in_progress = \"wait\"`",
+            )?;
+            let mode = match lit.value().as_str() {
+                "reject" => InProgressMode::Reject,
+                "wait" => InProgressMode::Wait,
+                other => {
+                    self.errors.push(syn::Error::new(
+                        lit.span(),
+                        format!("unknown `in_progress` value `{other:?}`; expected \"reject\" (answer `idem::Error::InProgress` at once) or \"wait\" (wait for the first call's result)"),
+                    ));
+                    InProgressMode::Reject
+                }
+            };
+            self.set(|a| &mut a.in_progress, "in_progress", name_span, mode)
+        } else if input.peek(kw::fingerprint) {
+            input.parse::<kw::fingerprint>()?;
+            input.parse::<Token![=]>()?;
+            let fp =
+                if input.peek(kw::none) && (input.peek2(Token![,]) || peek_end_after_one(input)) {
+                    input.parse::<kw::none>()?;
+                    FingerprintArg::None
+                } else {
+                    FingerprintArg::Expr(Box::new(input.parse()?))
+                };
+            self.set(|a| &mut a.fingerprint, "fingerprint", name_span, fp)
+        } else if input.peek(kw::skip) {
+            input.parse::<kw::skip>()?;
+            let content;
+            syn::parenthesized!(content in input);
+            let names = content.parse_terminated(parse_skip_name, Token![,])?;
+            self.set(
+                |a| &mut a.skip,
+                "skip",
+                name_span,
+                names.into_iter().collect(),
+            )
+        } else if input.peek(kw::cache_errors) {
+            input.parse::<kw::cache_errors>()?;
+            let pred = if input.peek(Token![=]) {
+                input.parse::<Token![=]>()?;
+                Some(input.parse()?)
+            } else {
+                None
+            };
+            self.set(|a| &mut a.cache_errors, "cache_errors", name_span, pred)
+        } else if input.peek(kw::codec) {
+            input.parse::<kw::codec>()?;
+            input.parse::<Token![=]>()?;
+            let expr = input.parse()?;
+            self.set(|a| &mut a.codec, "codec", name_span, expr)
+        } else {
+            let unknown: proc_macro2::TokenTree = input.parse()?;
+            Err(syn::Error::new(
+                unknown.span(),
+                format!(
+                    "unknown option `{unknown}` of #[idempotent]; expected one of: {}",
+                    OPTIONS.join(", ")
+                ),
+            ))
+        }
+    }
+
+    /// Records an option, or an error at its name when it was already given.
+    fn set<T>(
+        &mut self,
+        field: impl FnOnce(&mut Args) -> &mut Option<Opt<T>>,
+        name: &str,
+        span: Span,
+        value: T,
+    ) -> syn::Result<()> {
+        let slot = field(self);
+        if slot.is_some() {
+            self.errors.push(syn::Error::new(
+                span,
+                format!("duplicate option `{name}`: it is already set earlier in this attribute"),
+            ));
+        } else {
+            *slot = Some(Opt { name: span, value });
+        }
+        Ok(())
+    }
+
+    /// `= "30s"` (checked now) or `= <expr>` (any `Duration`).
+    fn parse_duration(&mut self, input: ParseStream<'_>) -> syn::Result<DurationArg> {
+        input.parse::<Token![=]>()?;
+        if input.peek(LitStr) {
+            let lit: LitStr = input.parse()?;
+            match parse_duration_ms(&lit.value()) {
+                Ok(ms) => Ok(DurationArg::Millis(ms, lit.span())),
+                Err(why) => {
+                    self.errors.push(syn::Error::new(
+                        lit.span(),
+                        format!(
+                            "invalid duration {:?}: {why}; write a whole number and a unit, like \"250ms\", \"30s\", \"5m\", \"24h\" or \"7d\", or give a `std::time::Duration` expression",
+                            lit.value()
+                        ),
+                    ));
+                    Ok(DurationArg::Millis(1, lit.span()))
+                }
+            }
+        } else {
+            Ok(DurationArg::Expr(Box::new(input.parse()?)))
+        }
+    }
+}
+
+/// Whether exactly one token is left (so that `fingerprint = none` is the keyword, while
+/// `fingerprint = none.x` or `none(..)` stays an expression).
+fn peek_end_after_one(input: ParseStream<'_>) -> bool {
+    let fork = input.fork();
+    fork.parse::<proc_macro2::TokenTree>().is_ok() && fork.is_empty()
+}
+
+fn parse_skip_name(input: ParseStream<'_>) -> syn::Result<Ident> {
+    if input.peek(Token![self]) {
+        let token: Token![self] = input.parse()?;
+        return Ok(Ident::new("self", token.span));
+    }
+    input.parse()
+}
+
+fn parse_lit_str(input: ParseStream<'_>, option: &str, example: &str) -> syn::Result<LitStr> {
+    if input.peek(LitStr) {
+        return input.parse();
+    }
+    let expr: Expr = input.parse()?;
+    Err(syn::Error::new(
+        expr.span(),
+        format!("`{option}` takes a string literal: {example}"),
+    ))
+}
+
+fn check_scope(lit: &LitStr) -> syn::Result<()> {
+    let scope = lit.value();
+    let problem = if scope.is_empty() {
+        "the scope is empty"
+    } else if scope.contains('/') {
+        "the scope contains `/`, which separates the scope from the key id in the store"
+    } else if scope.len() > 256 {
+        "the scope is longer than 256 bytes"
+    } else {
+        return Ok(());
+    };
+    Err(syn::Error::new(
+        lit.span(),
+        format!("invalid scope {scope:?}: {problem}"),
+    ))
+}
+
+/// `"250ms"`, `"30s"`, `"5m"`, `"24h"`, `"7d"` -> milliseconds. At least 1ms.
+pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 {
+        return Err("it does not start with a number".into());
+    }
+    let (number, unit) = text.split_at(digits);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| "the number is too large".to_string())?;
+    let per_unit: u64 = match unit.trim() {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        "" => return Err("the unit is missing".into()),
+        other => return Err(format!("`{other}` is not a unit (ms, s, m, h, d)")),
+    };
+    let ms = number
+        .checked_mul(per_unit)
+        .ok_or_else(|| "the duration is too large".to_string())?;
+    if ms == 0 {
+        return Err("a duration must be at least 1ms".into());
+    }
+    Ok(ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration_ms;
+
+    #[test]
+    fn duration_literals() {
+        assert_eq!(parse_duration_ms("250ms"), Ok(250));
+        assert_eq!(parse_duration_ms("30s"), Ok(30_000));
+        assert_eq!(parse_duration_ms("5m"), Ok(300_000));
+        assert_eq!(parse_duration_ms("24h"), Ok(86_400_000));
+        assert_eq!(parse_duration_ms("7d"), Ok(604_800_000));
+        assert!(parse_duration_ms("0s").is_err());
+        assert!(parse_duration_ms("30").is_err());
+        assert!(parse_duration_ms("s").is_err());
+        assert!(parse_duration_ms("1.5s").is_err());
+        assert!(parse_duration_ms("3 weeks").is_err());
+        assert!(parse_duration_ms("99999999999999999999h").is_err());
+    }
+}

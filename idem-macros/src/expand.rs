@@ -1,0 +1,244 @@
+//! Code generation: the function keeps its signature (only a non-`Result` return type
+//! becomes `Result<T, idem::Error>`) and its body becomes one call of the engine.
+//!
+//! Generated code names runtime items by absolute path through `<crate>::__private` and
+//! `::core`, and its locals are `__idem_*` idents with mixed-site hygiene, so neither the
+//! user's imports nor the user's names can change what it means.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{format_ident, quote, quote_spanned, ToTokens};
+use syn::spanned::Spanned;
+use syn::{Ident, ItemFn, ReturnType, Type};
+
+use crate::attr::{Args, DurationArg, FingerprintArg, InProgressMode};
+use crate::valid::{self, Func, Ret, Shape};
+
+/// The attribute's entry point: parse, check, generate; on any error, the user's function
+/// unchanged beside the errors, so that the rest of the crate still compiles.
+pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let func: ItemFn = match syn::parse2(item.clone()) {
+        Ok(func) => func,
+        Err(e) => {
+            let e = syn::Error::new(
+                e.span(),
+                format!("#[idempotent] goes on an `async fn` with a body: {e}"),
+            );
+            return with_error(item, e);
+        }
+    };
+    let args: Args = match syn::parse2(attr) {
+        Ok(args) => args,
+        Err(e) => return with_error(item, e),
+    };
+    match valid::check(&func, &args) {
+        Ok(checked) => generate(func, &args, checked),
+        Err(e) => with_error(item, e),
+    }
+}
+
+fn with_error(item: TokenStream, error: syn::Error) -> TokenStream {
+    let error = error.to_compile_error();
+    quote!(#item #error)
+}
+
+fn local(name: &str) -> Ident {
+    Ident::new(name, Span::mixed_site())
+}
+
+fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
+    let krate = match &args.krate {
+        Some(opt) => opt.value.to_token_stream(),
+        None => quote!(::idem),
+    };
+    let pr = quote!(#krate::__private);
+    let engine = local("__idem_engine");
+    let key = local("__idem_key");
+    let fp = local("__idem_fp");
+    let digest = local("__idem_args");
+    let ret_local = local("__idem_ret");
+
+    // Compile-time checks on the stored types, at the user's own tokens. The engine call
+    // below names the same types by the same tokens, so rustc reports a missing bound
+    // once, with these messages.
+    let (checks, run) = match &checked.ret {
+        Ret::Value(ty) => (
+            quote!(#pr::assert_result::<#ty>();),
+            quote!(run::<#ty, _, _>),
+        ),
+        Ret::Result { full, ok, err } => {
+            let ok = match ok {
+                Some(ty) => ty.to_token_stream(),
+                None => quote!(<#full as #pr::Fallible>::Ok),
+            };
+            let err = match err {
+                Some(ty) => ty.to_token_stream(),
+                None => quote!(<#full as #pr::Fallible>::Err),
+            };
+            if args.cache_errors.is_some() {
+                (
+                    quote!(#pr::assert_result::<#ok>(); #pr::assert_cached_error::<#err>();),
+                    quote!(run_caching_errors::<#ok, #err, _, _, _>),
+                )
+            } else {
+                (
+                    quote!(#pr::assert_result::<#ok>(); #pr::assert_error::<#err>();),
+                    quote!(run_fallible::<#ok, #err, _, _>),
+                )
+            }
+        }
+    };
+
+    let engine_init = match &args.store {
+        Some(opt) => {
+            let expr = &opt.value;
+            let store = quote_spanned!(expr.span()=> &(#expr));
+            quote!(let #engine = #pr::engine(#store);)
+        }
+        None => quote!(let #engine = #pr::global();),
+    };
+
+    let name = func.sig.ident.to_string();
+    let scope = match &args.scope {
+        Some(opt) => opt.value.to_token_stream(),
+        None => quote!(::core::concat!(::core::module_path!(), "::", #name)),
+    };
+
+    // The tuple of digested arguments, when the key or the fingerprint needs it.
+    let fingerprint = args.fingerprint.as_ref().map(|o| &o.value);
+    let needs_args = args.key.is_none() || fingerprint.is_none();
+    let arg_stmts = if needs_args {
+        let asserts = checked.digested.iter().map(|arg| {
+            let r = quote_spanned!(arg.span()=> &#arg);
+            quote!(#pr::assert_arg(#r);)
+        });
+        let items = checked.digested.iter().map(|arg| {
+            let method = format_ident!("__idem_arg", span = arg.span());
+            quote!((&#pr::ArgProbe(&#arg)).#method())
+        });
+        let tuple = chunked_tuple(items.collect());
+        quote! {
+            #(#asserts)*
+            let #digest = #tuple;
+        }
+    } else {
+        TokenStream::new()
+    };
+    let key_expr = match &args.key {
+        Some(opt) => {
+            let expr = &opt.value;
+            let r = quote_spanned!(expr.span()=> &(#expr));
+            quote! {{
+                #pr::assert_key(#r);
+                #pr::key(#scope, (&&#pr::KeyIdProbe(#r)).__idem_key_id())
+            }}
+        }
+        None => quote!(#pr::digest_key(#scope, &#digest)),
+    };
+    let fp_expr = match fingerprint {
+        Some(FingerprintArg::None) => quote!(#pr::Fingerprint::NONE),
+        Some(FingerprintArg::Expr(expr)) => {
+            quote_spanned!(expr.span()=> #pr::fingerprint_of(&(#expr)))
+        }
+        None => quote!(#pr::Fingerprint::of(&#digest)),
+    };
+
+    let mut options = TokenStream::new();
+    for (method, opt) in [
+        ("ttl", &args.ttl),
+        ("lease", &args.lease),
+        ("wait_timeout", &args.wait_timeout),
+    ] {
+        if let Some(opt) = opt {
+            let method = Ident::new(method, opt.name);
+            let value = match &opt.value {
+                DurationArg::Millis(ms, span) => quote_spanned!(*span=> #pr::duration_ms(#ms)),
+                DurationArg::Expr(expr) => {
+                    quote_spanned!(expr.span()=> #pr::into_duration(#expr))
+                }
+            };
+            options.extend(quote!(.#method(#value)));
+        }
+    }
+    if let Some(opt) = &args.in_progress {
+        let mode = match opt.value {
+            InProgressMode::Reject => quote!(Reject),
+            InProgressMode::Wait => quote!(Wait),
+        };
+        options.extend(quote!(.in_progress(#pr::InProgress::#mode)));
+    }
+    if let Some(opt) = &args.codec {
+        let expr = &opt.value;
+        options.extend(quote!(.codec(#expr)));
+    }
+    let predicate = match &args.cache_errors {
+        Some(opt) => match &opt.value {
+            Some(pred) => quote!(#pred,),
+            None => quote!(#pr::cache_every_error,),
+        },
+        None => TokenStream::new(),
+    };
+
+    let body_ty = &checked.body_ty;
+    let block = match &checked.shape {
+        Shape::Async => func.block.to_token_stream(),
+        Shape::AsyncTrait { body } => body.to_token_stream(),
+    };
+    let call = quote! {
+        #checks
+        #engine_init
+        let (#key, #fp) = {
+            #[allow(unused_imports)]
+            use #pr::{ArgPlaceholder as _, ArgSerialize as _, ViaDigest as _, ViaNothing as _, ViaReadable as _};
+            #arg_stmts
+            (#key_expr, #fp_expr)
+        };
+        #engine
+            .call_checked(#key)
+            .fingerprint(#fp)
+            #options
+            .#run(#predicate move || async move {
+                // Fixes the block's type before the body is checked, so that `?` and
+                // `return` in the body know what they return.
+                if let ::core::option::Option::Some(#ret_local) = ::core::option::Option::None::<#body_ty> {
+                    #[allow(unreachable_code)]
+                    return #ret_local;
+                }
+                let #ret_local: #body_ty = #block;
+                #[allow(unreachable_code)]
+                #ret_local
+            })
+            .await
+    };
+
+    match checked.shape {
+        Shape::Async => {
+            if let Ret::Value(ty) = &checked.ret {
+                let arrow = match &func.sig.output {
+                    ReturnType::Type(arrow, _) => *arrow,
+                    ReturnType::Default => Default::default(),
+                };
+                let wrapped: Type = syn::parse_quote_spanned!(ty.span()=>
+                    ::core::result::Result<#ty, #krate::Error>
+                );
+                func.sig.output = ReturnType::Type(arrow, Box::new(wrapped));
+            }
+            func.block = syn::parse_quote!({ #call });
+        }
+        Shape::AsyncTrait { .. } => {
+            func.block = syn::parse_quote!({
+                ::std::boxed::Box::pin(async move { #call })
+            });
+        }
+    }
+    func.into_token_stream()
+}
+
+/// `(a, b, c,)`; more than 12 items nest in tuples of 12, since serde implements
+/// `Serialize` for tuples up to 16 items.
+fn chunked_tuple(items: Vec<TokenStream>) -> TokenStream {
+    if items.len() <= 12 {
+        return quote!((#(#items,)*));
+    }
+    let chunks = items.chunks(12).map(|c| chunked_tuple(c.to_vec()));
+    chunked_tuple(chunks.collect())
+}

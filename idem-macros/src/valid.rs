@@ -1,0 +1,321 @@
+//! Checks that need the function: its shape (an `async fn`, or one already rewritten by
+//! `#[async_trait]`), its return type, and the argument names that `skip` refers to. The
+//! result is a [`Func`]: what the expansion needs to know about the function.
+
+use proc_macro2::Span;
+use syn::{
+    Block, Expr, FnArg, GenericArgument, Ident, ItemFn, Pat, PathArguments, ReturnType, Stmt, Type,
+    TypeParamBound,
+};
+
+use crate::attr::Args;
+
+/// How the function's body is reached.
+pub enum Shape {
+    /// `async fn`: the body is the function's block and the return type may be rewritten.
+    Async,
+    /// A method already rewritten by `#[async_trait]`: the body is the block of the
+    /// `Box::pin(async move { ... })` it returns, and the signature belongs to the trait.
+    AsyncTrait { body: Block },
+}
+
+/// What the function returns, as the engine sees it.
+pub enum Ret {
+    /// Any type that is not a `Result`: the function then returns `Result<T, idem::Error>`.
+    Value(Type),
+    /// `Result<T, E>` (or an alias such as `io::Result<T>`, whose parts are then named by
+    /// projection): the signature is kept.
+    Result {
+        full: Type,
+        ok: Option<Type>,
+        err: Option<Type>,
+    },
+}
+
+/// A function the macro can rewrite.
+pub struct Func {
+    pub shape: Shape,
+    pub ret: Ret,
+    /// The type the body evaluates to (`T`, or `Result<T, E>`).
+    pub body_ty: Type,
+    /// Bindings of the arguments that are digested (receivers and skipped ones left out),
+    /// in order.
+    pub digested: Vec<Ident>,
+}
+
+pub fn check(func: &ItemFn, args: &Args) -> Result<Func, syn::Error> {
+    let mut errors: Vec<syn::Error> = Vec::new();
+    let sig = &func.sig;
+
+    let mut shape = None;
+    if let Some(constness) = &sig.constness {
+        errors.push(syn::Error::new(
+            constness.span,
+            "#[idempotent] cannot go on a `const fn`: it claims its key in a store at run time; write an `async fn`",
+        ));
+    } else if sig.abi.is_some() || sig.variadic.is_some() {
+        if let Some(abi) = &sig.abi {
+            errors.push(syn::Error::new(
+                abi.extern_token.span,
+                "#[idempotent] cannot go on an `extern` fn: the rewritten function is an `async fn` with Rust's ABI",
+            ));
+        }
+        if let Some(variadic) = &sig.variadic {
+            errors.push(syn::Error::new(
+                variadic.dots.spans[0],
+                "#[idempotent] cannot go on a variadic fn: every argument must be named and digestible",
+            ));
+        }
+    } else if sig.asyncness.is_some() {
+        shape = Some(Shape::Async);
+    } else if let Some(body) = async_trait_body(&func.block) {
+        shape = Some(Shape::AsyncTrait { body });
+    } else {
+        errors.push(syn::Error::new(
+            sig.fn_token.span,
+            "#[idempotent] goes on an `async fn`: make this function `async`",
+        ));
+    }
+
+    // The type the body evaluates to, and whether it is a `Result`.
+    let (body_ty, ret) = match &shape {
+        Some(Shape::AsyncTrait { .. }) => match future_output(&sig.output) {
+            Some(ty) => {
+                let ret = classify(ty);
+                if let Ret::Value(_) = ret {
+                    errors.push(syn::Error::new_spanned(
+                        ty,
+                        "inside an `#[async_trait]` impl, an #[idempotent] method must return `Result<T, E>` with `E: From<idem::Error>`: the trait's signature cannot become `Result<T, idem::Error>`",
+                    ));
+                }
+                (ty.clone(), ret)
+            }
+            None => {
+                errors.push(syn::Error::new_spanned(
+                    &sig.output,
+                    "#[idempotent] cannot read the output type of this `#[async_trait]` method",
+                ));
+                (unit(), Ret::Value(unit()))
+            }
+        },
+        _ => match &sig.output {
+            ReturnType::Default => (unit(), Ret::Value(unit())),
+            ReturnType::Type(_, ty) => ((**ty).clone(), classify(ty)),
+        },
+    };
+    if let Some(span) = find_impl_trait(&body_ty) {
+        errors.push(syn::Error::new(
+            span,
+            "the result of an #[idempotent] fn is decoded from the store, so its type must be concrete: `impl Trait` cannot be decoded",
+        ));
+    }
+
+    if let (Some(opt), Ret::Value(ty)) = (&args.cache_errors, &ret) {
+        errors.push(syn::Error::new(
+            opt.name,
+            format!(
+                "`cache_errors` needs a function that returns `Result<T, E>`; this one returns `{}`",
+                quote::ToTokens::to_token_stream(ty)
+            ),
+        ));
+    }
+
+    // Argument bindings, and `skip` names that must be among them.
+    let mut bound: Vec<Ident> = Vec::new();
+    for input in &sig.inputs {
+        if let FnArg::Typed(arg) = input {
+            bindings(&arg.pat, &mut bound);
+        }
+    }
+    let skipped: &[Ident] = args.skip.as_ref().map_or(&[], |s| &s.value);
+    for name in skipped {
+        if name == "self" || bound.iter().any(|b| b == name) {
+            continue;
+        }
+        let known = if bound.is_empty() {
+            "this function takes no arguments besides its receiver".to_string()
+        } else {
+            let names: Vec<String> = bound.iter().map(|b| format!("`{b}`")).collect();
+            format!("its arguments are {}", names.join(", "))
+        };
+        errors.push(syn::Error::new(
+            name.span(),
+            format!("`skip({name})` names no argument of this function; {known}"),
+        ));
+    }
+    let digested = bound
+        .into_iter()
+        .filter(|b| !skipped.iter().any(|s| s == b))
+        .collect();
+
+    let mut errors = args.errors.iter().cloned().chain(errors);
+    if let Some(mut first) = errors.next() {
+        for e in errors {
+            first.combine(e);
+        }
+        return Err(first);
+    }
+    Ok(Func {
+        shape: shape.expect("no error means a shape"),
+        ret,
+        body_ty,
+        digested,
+    })
+}
+
+fn unit() -> Type {
+    syn::parse_quote!(())
+}
+
+/// `Result<..>` by its last path segment: `Result<T, E>`, `io::Result<T>`, `anyhow::Result<T>`.
+fn classify(ty: &Type) -> Ret {
+    if let Type::Path(p) = ty {
+        if p.qself.is_none() {
+            if let Some(last) = p.path.segments.last() {
+                if last.ident == "Result" {
+                    if let PathArguments::AngleBracketed(generics) = &last.arguments {
+                        let types: Vec<&Type> = generics
+                            .args
+                            .iter()
+                            .filter_map(|a| match a {
+                                GenericArgument::Type(t) => Some(t),
+                                _ => None,
+                            })
+                            .collect();
+                        match types.as_slice() {
+                            [ok, err] => {
+                                return Ret::Result {
+                                    full: ty.clone(),
+                                    ok: Some((*ok).clone()),
+                                    err: Some((*err).clone()),
+                                }
+                            }
+                            [ok] => {
+                                return Ret::Result {
+                                    full: ty.clone(),
+                                    ok: Some((*ok).clone()),
+                                    err: None,
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ret::Value(ty.clone())
+}
+
+/// The span of an `impl Trait` inside a type, if there is one.
+fn find_impl_trait(ty: &Type) -> Option<Span> {
+    match ty {
+        Type::ImplTrait(t) => Some(t.impl_token.span),
+        Type::Paren(t) => find_impl_trait(&t.elem),
+        Type::Group(t) => find_impl_trait(&t.elem),
+        Type::Reference(t) => find_impl_trait(&t.elem),
+        Type::Ptr(t) => find_impl_trait(&t.elem),
+        Type::Slice(t) => find_impl_trait(&t.elem),
+        Type::Array(t) => find_impl_trait(&t.elem),
+        Type::Tuple(t) => t.elems.iter().find_map(find_impl_trait),
+        Type::Path(t) => t.path.segments.iter().find_map(|seg| match &seg.arguments {
+            PathArguments::AngleBracketed(a) => a.args.iter().find_map(|arg| match arg {
+                GenericArgument::Type(t) => find_impl_trait(t),
+                _ => None,
+            }),
+            _ => None,
+        }),
+        _ => None,
+    }
+}
+
+/// Every name a parameter pattern binds: `x`, `mut x`, `(a, b)`, `Point { x, y }`.
+fn bindings(pat: &Pat, out: &mut Vec<Ident>) {
+    match pat {
+        Pat::Ident(p) => {
+            out.push(p.ident.clone());
+            if let Some((_, sub)) = &p.subpat {
+                bindings(sub, out);
+            }
+        }
+        Pat::Tuple(p) => p.elems.iter().for_each(|e| bindings(e, out)),
+        Pat::TupleStruct(p) => p.elems.iter().for_each(|e| bindings(e, out)),
+        Pat::Struct(p) => p.fields.iter().for_each(|f| bindings(&f.pat, out)),
+        Pat::Slice(p) => p.elems.iter().for_each(|e| bindings(e, out)),
+        Pat::Reference(p) => bindings(&p.pat, out),
+        Pat::Paren(p) => bindings(&p.pat, out),
+        Pat::Type(p) => bindings(&p.pat, out),
+        Pat::Or(p) => {
+            if let Some(first) = p.cases.first() {
+                bindings(first, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The block of `Box::pin(async move { ... })` when that is the whole body: the shape
+/// `#[async_trait]` gives a method before this attribute sees it.
+fn async_trait_body(block: &Block) -> Option<Block> {
+    let [Stmt::Expr(Expr::Call(call), None)] = block.stmts.as_slice() else {
+        return None;
+    };
+    let Expr::Path(func) = &*call.func else {
+        return None;
+    };
+    let segments: Vec<String> = func
+        .path
+        .segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect();
+    if !segments.ends_with(&["Box".into(), "pin".into()]) || call.args.len() != 1 {
+        return None;
+    }
+    match call.args.first() {
+        Some(Expr::Async(inner)) if inner.capture.is_some() => Some(inner.block.clone()),
+        _ => None,
+    }
+}
+
+/// `X` in `Pin<Box<dyn Future<Output = X> + Send + 'async_trait>>`.
+fn future_output(output: &ReturnType) -> Option<&Type> {
+    let ReturnType::Type(_, ty) = output else {
+        return None;
+    };
+    let boxed = single_type_arg(ty, "Pin")?;
+    let Type::TraitObject(object) = single_type_arg(boxed, "Box")? else {
+        return None;
+    };
+    object.bounds.iter().find_map(|bound| {
+        let TypeParamBound::Trait(t) = bound else {
+            return None;
+        };
+        let last = t.path.segments.last()?;
+        if last.ident != "Future" {
+            return None;
+        }
+        let PathArguments::AngleBracketed(a) = &last.arguments else {
+            return None;
+        };
+        a.args.iter().find_map(|arg| match arg {
+            GenericArgument::AssocType(assoc) if assoc.ident == "Output" => Some(&assoc.ty),
+            _ => None,
+        })
+    })
+}
+
+fn single_type_arg<'a>(ty: &'a Type, name: &str) -> Option<&'a Type> {
+    let Type::Path(p) = ty else { return None };
+    let last = p.path.segments.last()?;
+    if last.ident != name {
+        return None;
+    }
+    let PathArguments::AngleBracketed(a) = &last.arguments else {
+        return None;
+    };
+    a.args.iter().find_map(|arg| match arg {
+        GenericArgument::Type(t) => Some(t),
+        _ => None,
+    })
+}
