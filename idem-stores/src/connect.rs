@@ -26,9 +26,29 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Store>, Error> {
     match scheme {
         "memory" => Ok(Arc::new(MemoryStore::new())),
         // Each backend's arm: the real constructor when its feature is on.
-        "redis" | "rediss" => missing(url, "redis"),
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" | "redis+unix" => Ok(Arc::new(crate::redis::RedisStore::open(url).await?)),
+        #[cfg(not(feature = "redis"))]
+        "redis" | "rediss" | "redis+unix" => missing(url, "redis"),
+        #[cfg(feature = "redis-cluster")]
+        "redis+cluster" | "rediss+cluster" => Ok(Arc::new(crate::redis::RedisStore::open(url).await?)),
+        #[cfg(not(feature = "redis-cluster"))]
         "redis+cluster" | "rediss+cluster" => missing(url, "redis-cluster"),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => {
+            let store = crate::PostgresStore::connect(url).await?;
+            store.migrate().await.map_err(|e| set_up_failed("postgres", e))?;
+            Ok(Arc::new(store))
+        }
+        #[cfg(not(feature = "postgres"))]
         "postgres" | "postgresql" => missing(url, "postgres"),
+        #[cfg(feature = "sqlite")]
+        "sqlite" => {
+            let store = crate::SqliteStore::connect(url).await?;
+            store.migrate().await.map_err(|e| set_up_failed("sqlite", e))?;
+            Ok(Arc::new(store))
+        }
+        #[cfg(not(feature = "sqlite"))]
         "sqlite" => missing(url, "sqlite"),
         other => Err(Error::Connect {
             message: format!(
@@ -36,6 +56,15 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Store>, Error> {
             ),
             source: None,
         }),
+    }
+}
+
+/// `connect` creates the SQL stores' tables; a failure there is a failure to connect.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+fn set_up_failed(backend: &str, e: idem_core::StoreError) -> Error {
+    Error::Connect {
+        message: format!("the {backend} store could not create or migrate its table"),
+        source: Some(Box::new(e)),
     }
 }
 

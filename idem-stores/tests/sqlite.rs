@@ -1,0 +1,522 @@
+//! SQLite store: the conformance suite, one fresh file and table per test, and what only a
+//! file on disk can show: many tasks and two processes on one file, reopening, a missing
+//! table, a junk row, a closed pool. Always runs (no server needed).
+#![cfg(feature = "sqlite")]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use idem_core::{
+    Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, StoreError, Token,
+};
+use idem_stores::SqliteStore;
+use tempfile::TempDir;
+
+/// A store with the temporary directory that holds its file, removed when the test ends.
+#[derive(Debug)]
+struct InTempDir {
+    store: SqliteStore,
+    _dir: TempDir,
+}
+
+#[async_trait]
+impl Store for InTempDir {
+    async fn claim(
+        &self,
+        key: &Key,
+        fp: &Fingerprint,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        self.store.claim(key, fp, lease).await
+    }
+    async fn complete(
+        &self,
+        key: &Key,
+        token: Token,
+        payload: Bytes,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        self.store.complete(key, token, payload, ttl).await
+    }
+    async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError> {
+        self.store.release(key, token).await
+    }
+    async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
+        self.store.extend(key, token, lease).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.store.get(key).await
+    }
+    async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
+        self.store.delete(key).await
+    }
+}
+
+static TABLES: AtomicU64 = AtomicU64::new(0);
+
+/// A fresh file in a fresh directory, with a table of its own, migrated.
+async fn fresh() -> InTempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let table = format!("records_{}", TABLES.fetch_add(1, Ordering::Relaxed));
+    let store = SqliteStore::open(dir.path().join("idem.db"))
+        .await
+        .unwrap()
+        .with_table(&table)
+        .unwrap();
+    store.migrate().await.unwrap();
+    InTempDir { store, _dir: dir }
+}
+
+idem_core::conformance_tests!(sqlite, async { Some(super::fresh().await) });
+
+fn key(id: &str) -> Key {
+    Key::new("sqlite-tests", id).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn many_tasks_on_two_pools_run_each_key_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    let a = SqliteStore::open(&path).await.unwrap();
+    a.migrate().await.unwrap();
+    let b = SqliteStore::open(&path).await.unwrap();
+    let engines = [a, b].map(|s| {
+        Idem::builder()
+            .store(s)
+            .in_progress(InProgress::Wait)
+            .wait_timeout(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    });
+    let runs: Arc<Vec<AtomicU64>> = Arc::new((0..20).map(|_| AtomicU64::new(0)).collect());
+    let mut tasks = Vec::new();
+    for i in 0..200usize {
+        let idem = engines[i % 2].clone();
+        let runs = runs.clone();
+        let k = i % 20;
+        tasks.push(tokio::spawn(async move {
+            let v: usize = idem
+                .run(key(&format!("k{k}")), Fingerprint::NONE, || async move {
+                    runs[k].fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    i
+                })
+                .await
+                .unwrap();
+            (k, v)
+        }));
+    }
+    let mut answers: HashMap<usize, usize> = HashMap::new();
+    for t in tasks {
+        let (k, v) = t.await.unwrap();
+        assert_eq!(
+            *answers.entry(k).or_insert(v),
+            v,
+            "key {k} answered two values"
+        );
+    }
+    for (k, n) in runs.iter().enumerate() {
+        assert_eq!(n.load(Ordering::SeqCst), 1, "key {k} ran {n:?} times");
+    }
+}
+
+/// The child half of `two_processes_on_one_file_have_one_winner_per_key`: does nothing
+/// unless started by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn child_process_claims() {
+    let Ok(path) = std::env::var("IDEM_SQLITE_CHILD_FILE") else {
+        return;
+    };
+    let start: u64 = std::env::var("IDEM_SQLITE_CHILD_START")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let store = SqliteStore::open(&path).await.unwrap();
+    let idem = Idem::builder()
+        .store(store)
+        .in_progress(InProgress::Wait)
+        .wait_timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    // Both children start at the same wall-clock instant, so their claims overlap.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    tokio::time::sleep(Duration::from_millis(start.saturating_sub(now))).await;
+    let pid = std::process::id();
+    let tasks: Vec<_> = (0..40)
+        .map(|k| {
+            let idem = idem.clone();
+            tokio::spawn(async move {
+                let v: String = idem
+                    .run(key(&format!("k{k}")), Fingerprint::NONE, || async move {
+                        println!("IDEM-RAN k{k}");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        format!("{pid}")
+                    })
+                    .await
+                    .unwrap();
+                println!("IDEM-ANSWER k{k} {v}");
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_on_one_file_have_one_winner_per_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    SqliteStore::open(&path)
+        .await
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
+    let start = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        + 1500;
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..2)
+        .map(|_| {
+            std::process::Command::new(&exe)
+                .args([
+                    "child_process_claims",
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env("IDEM_SQLITE_CHILD_FILE", &path)
+                .env("IDEM_SQLITE_CHILD_START", start.to_string())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut ran: HashMap<String, u32> = HashMap::new();
+    let mut answers: HashMap<String, Vec<String>> = HashMap::new();
+    let mut ran_per_child = Vec::new();
+    for child in children {
+        let out = tokio::task::spawn_blocking(move || child.wait_with_output())
+            .await
+            .unwrap()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "child failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut mine = 0;
+        for line in stdout.lines() {
+            // The harness prints `test child_process_claims ... ` before the first line.
+            let line = line.find("IDEM-").map_or(line, |at| &line[at..]);
+            if let Some(k) = line.strip_prefix("IDEM-RAN ") {
+                *ran.entry(k.to_owned()).or_default() += 1;
+                mine += 1;
+            } else if let Some(rest) = line.strip_prefix("IDEM-ANSWER ") {
+                let (k, v) = rest.split_once(' ').unwrap();
+                answers.entry(k.to_owned()).or_default().push(v.to_owned());
+            }
+        }
+        ran_per_child.push(mine);
+    }
+    assert_eq!(ran.len(), 40, "every key ran: {ran:?}");
+    assert!(
+        ran.values().all(|n| *n == 1),
+        "a key ran in both processes: {ran:?}"
+    );
+    assert_eq!(answers.len(), 40);
+    for (k, vs) in &answers {
+        assert_eq!(vs.len(), 2, "{k}: both processes answer");
+        assert_eq!(vs[0], vs[1], "{k}: the two processes got different answers");
+    }
+    eprintln!("executions per process: {ran_per_child:?}");
+}
+
+#[tokio::test]
+async fn a_reopened_file_replays_the_stored_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("sub-created.db").display());
+    let runs = AtomicU64::new(0);
+    for _ in 0..2 {
+        // connect() creates the file and the table.
+        let idem = Idem::builder()
+            .shared_store(idem_stores::connect(&url).await.unwrap())
+            .build()
+            .unwrap();
+        let v: String = idem
+            .run(key("reopen"), Fingerprint::NONE, || async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                "first".to_string()
+            })
+            .await
+            .unwrap();
+        assert_eq!(v, "first");
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the second open replayed from the file"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_table_says_to_call_migrate_and_the_body_does_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("idem.db")).await.unwrap();
+    let idem = Idem::new(store.clone());
+    let runs = AtomicU64::new(0);
+    let err = idem
+        .run(key("no-table"), Fingerprint::NONE, || async {
+            runs.fetch_add(1, Ordering::SeqCst)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    match &err {
+        Error::Store {
+            source: StoreError::NotSetUp { message, .. },
+            ..
+        } => assert!(
+            message.contains("migrate()") && message.contains("idem_records"),
+            "{message}"
+        ),
+        other => panic!("expected a NotSetUp store error, got {other:?}"),
+    }
+    store.migrate().await.unwrap();
+    idem.run(key("no-table"), Fingerprint::NONE, || async { 1 })
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrate_twice_and_concurrently() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    let stores: Vec<SqliteStore> = futures_join(4, |_| SqliteStore::open(path.clone()))
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let migrations: Vec<_> = stores
+        .iter()
+        .cloned()
+        .map(|s| tokio::spawn(async move { s.migrate().await }))
+        .collect();
+    for m in migrations {
+        m.await.unwrap().unwrap();
+    }
+    stores[0].migrate().await.unwrap();
+    let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM idem_records_schema")
+        .fetch_all(stores[0].pool())
+        .await
+        .unwrap();
+    assert_eq!(
+        versions,
+        vec![1],
+        "one version row however often migrate ran"
+    );
+}
+
+async fn futures_join<T, F, Fut>(n: usize, f: F) -> Vec<T>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let handles: Vec<_> = (0..n).map(|i| tokio::spawn(f(i))).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_junk_row_is_a_decode_error_naming_the_key() {
+    let s = fresh().await;
+    let t = s.store.table();
+    let far = "CAST(unixepoch('subsec') * 1000 AS INTEGER) + 60000";
+    let sql = format!(
+        "INSERT INTO {t} (key, fingerprint, token, completed, payload, ends_at) VALUES (?1, ?2, 7, 1, ?3, {far})"
+    );
+    let junk_payload = key("junk-payload");
+    let junk_fingerprint = key("junk-fingerprint");
+    sqlx::query(&sql)
+        .bind(junk_payload.as_str())
+        .bind(vec![0u8; 16])
+        .bind(b"not an envelope".to_vec())
+        .execute(s.store.pool())
+        .await
+        .unwrap();
+    sqlx::query(&sql)
+        .bind(junk_fingerprint.as_str())
+        .bind(vec![1u8, 2, 3])
+        .bind(b"x".to_vec())
+        .execute(s.store.pool())
+        .await
+        .unwrap();
+    let idem = Idem::new(s);
+    for k in [junk_payload, junk_fingerprint] {
+        let err = idem
+            .run(k.clone(), Fingerprint::NONE, || async { 1u8 })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Decode { key, .. } if *key == k),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains(k.as_str()), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn keys_are_bound_parameters_stored_verbatim() {
+    let s = fresh().await;
+    let ids = [
+        "it's".to_string(),
+        "\"quoted\"".into(),
+        "100%".into(),
+        "%".into(),
+        "_".into(),
+        "'; DROP TABLE idem_records; --".into(),
+        "ünïcödé 🦀".into(),
+        "k".repeat(1024),
+    ];
+    for id in &ids {
+        let k = key(id);
+        let Claim::Acquired { token, .. } = s
+            .claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+            .await
+            .unwrap()
+        else {
+            panic!("{id:?} not acquired");
+        };
+        s.complete(&k, token, Bytes::from(id.clone()), Duration::from_secs(30))
+            .await
+            .unwrap();
+    }
+    let stored: Vec<String> =
+        sqlx::query_scalar(&format!("SELECT key FROM {} ORDER BY key", s.store.table()))
+            .fetch_all(s.store.pool())
+            .await
+            .unwrap();
+    let mut expected: Vec<String> = ids.iter().map(|id| key(id).as_str().to_owned()).collect();
+    expected.sort();
+    assert_eq!(stored, expected);
+    for id in &ids {
+        match s.get(&key(id)).await.unwrap() {
+            Some(Record::Completed { payload, .. }) => assert_eq!(payload, Bytes::from(id.clone())),
+            other => panic!("{id:?}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_closed_pool_is_a_store_error_and_the_body_does_not_run() {
+    let s = fresh().await;
+    s.store.pool().close().await;
+    let idem = Idem::new(s);
+    let runs = AtomicU64::new(0);
+    let err = idem
+        .run(key("closed"), Fingerprint::NONE, || async {
+            runs.fetch_add(1, Ordering::SeqCst)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "the body ran without a store"
+    );
+    match &err {
+        Error::Store { source, .. } => {
+            assert!(source.is_temporary(), "{source:?}");
+            let inner = std::error::Error::source(source).expect("the sqlx error is kept");
+            assert!(inner.downcast_ref::<sqlx::Error>().is_some(), "{inner:?}");
+        }
+        other => panic!("expected Error::Store, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn purge_expired_deletes_ended_records_in_batches() {
+    let s = fresh().await;
+    for i in 0..25 {
+        let k = key(&format!("short{i}"));
+        let Claim::Acquired { token, .. } = s
+            .claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+            .await
+            .unwrap()
+        else {
+            panic!()
+        };
+        s.complete(&k, token, Bytes::new(), Duration::from_millis(50))
+            .await
+            .unwrap();
+    }
+    for i in 0..5 {
+        s.claim(
+            &key(&format!("ended-lease{i}")),
+            &Fingerprint::NONE,
+            Duration::from_millis(50),
+        )
+        .await
+        .unwrap();
+        s.claim(
+            &key(&format!("live{i}")),
+            &Fingerprint::NONE,
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(s.store.purge_expired(7).await.unwrap(), 30);
+    let left: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", s.store.table()))
+        .fetch_one(s.store.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, 5, "only the live claims are left");
+    assert_eq!(s.store.purge_expired(7).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn a_takeover_is_marked_recovered() {
+    let s = fresh().await;
+    let k = key("recover");
+    s.claim(&k, &Fingerprint::NONE, Duration::from_millis(50))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(matches!(
+        s.claim(&k, &Fingerprint::NONE, Duration::from_secs(5))
+            .await
+            .unwrap(),
+        Claim::Acquired {
+            recovered: true,
+            ..
+        }
+    ));
+}
+
+#[tokio::test]
+async fn table_names_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("idem.db")).await.unwrap();
+    for bad in ["x; DROP TABLE y", "a\"b", "", "main.t", "1x"] {
+        let err = store.clone().with_table(bad).unwrap_err();
+        assert!(matches!(err, Error::Connect { .. }), "{bad:?}: {err:?}");
+    }
+}
