@@ -1,0 +1,167 @@
+//! The Lua scripts: one per store step, each touching exactly one key (`KEYS[1]`).
+//!
+//! Redis runs a script atomically, so each step is one indivisible read-check-write; and
+//! since no script names a second key, each is valid in Redis Cluster whatever slot the
+//! record hashes to. Time comes from the server (`TIME`, `PX`), never from the client.
+//!
+//! The record layout these scripts read and write is described in the module docs of
+//! [`crate::redis`] and decoded on the Rust side in `record.rs`; the offsets below are
+//! 1-based Lua string positions of the same layout.
+//!
+//! Replies (told apart by their Redis type, so that no reply needs a tag):
+//! - a bulk string is a whole stored value: a completed record on the replay path, or a
+//!   value that is not an idem record at all (the client reports it as corrupt);
+//! - an array `{record, lease_ms_left}` is a live in-progress record;
+//! - an integer is a status (see each script).
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// Lua shared by the scripts that need the server's clock or the holder check.
+///
+/// `held(v, token)` answers `1` when `v` is an in-progress record held by `token` whose
+/// lease has not ended, `0` (fenced) when it is anything else that idem wrote or nothing,
+/// and `-1` when `v` is not an idem record.
+macro_rules! prelude {
+    () => {
+        r#"
+local function now_ms()
+  local t = redis.call('TIME')
+  return t[1] * 1000 + math.floor(t[2] / 1000)
+end
+-- The lease deadline of an in-progress record; nil for anything else.
+local function deadline(v)
+  if #v ~= 45 or string.sub(v, 1, 6) ~= 'idem1P' then return nil end
+  return tonumber(string.sub(v, 31, 45))
+end
+local function held(v, token)
+  if not v then return 0 end
+  local d = deadline(v)
+  if d then
+    if string.sub(v, 7, 14) == token and d > now_ms() then return 1 end
+    return 0
+  end
+  if #v >= 30 and string.sub(v, 1, 6) == 'idem1C' then return 0 end
+  return -1
+end
+"#
+    };
+}
+
+/// `claim(key; token, fingerprint, lease_ms, recovery_ms)`.
+///
+/// The replay path is first and minimal: one `GET`, one byte compared, the value returned.
+/// A fresh key or an ended lease becomes `idem1P | token | fingerprint | deadline`, kept for
+/// the lease plus `recovery_ms` so that a later claim can tell it took over an ended lease.
+/// Replies: the stored value (completed, or not an idem record), `{record, ms_left}` for a
+/// live claim, or the integer `0` (acquired) / `1` (acquired, taking over an ended lease).
+const CLAIM_LUA: &str = r#"
+local v = redis.call('GET', KEYS[1])
+local now
+if v then
+  if string.byte(v, 6) == 67 then return v end
+  if #v ~= 45 or string.sub(v, 1, 6) ~= 'idem1P' then return v end
+  local until_ms = tonumber(string.sub(v, 31, 45))
+  if not until_ms then return v end
+  local t = redis.call('TIME')
+  now = t[1] * 1000 + math.floor(t[2] / 1000)
+  if until_ms > now then return {v, until_ms - now} end
+else
+  local t = redis.call('TIME')
+  now = t[1] * 1000 + math.floor(t[2] / 1000)
+end
+local lease = tonumber(ARGV[3])
+redis.call('SET', KEYS[1], 'idem1P' .. ARGV[1] .. ARGV[2] .. string.format('%015d', now + lease),
+  'PX', lease + tonumber(ARGV[4]))
+if v then return 1 end
+return 0
+"#;
+
+/// `complete(key; token, payload, ttl_ms)`: the held record becomes
+/// `idem1C | token | fingerprint | payload` for `ttl_ms`. Replies `1`, `0` (fenced) or `-1`
+/// (not an idem record).
+const COMPLETE_LUA: &str = concat!(
+    prelude!(),
+    r#"
+local v = redis.call('GET', KEYS[1])
+local h = held(v, ARGV[1])
+if h ~= 1 then return h end
+redis.call('SET', KEYS[1], 'idem1C' .. string.sub(v, 7, 30) .. ARGV[2], 'PX', ARGV[3])
+return 1
+"#
+);
+
+/// `release(key; token)`: deletes the held record. Replies like `complete`.
+const RELEASE_LUA: &str = concat!(
+    prelude!(),
+    r#"
+local h = held(redis.call('GET', KEYS[1]), ARGV[1])
+if h ~= 1 then return h end
+redis.call('DEL', KEYS[1])
+return 1
+"#
+);
+
+/// `extend(key; token, lease_ms, recovery_ms)`: moves the held record's deadline to
+/// `lease_ms` from now. Replies like `complete`.
+const EXTEND_LUA: &str = concat!(
+    prelude!(),
+    r#"
+local v = redis.call('GET', KEYS[1])
+local h = held(v, ARGV[1])
+if h ~= 1 then return h end
+local lease = tonumber(ARGV[2])
+redis.call('SET', KEYS[1], string.sub(v, 1, 30) .. string.format('%015d', now_ms() + lease),
+  'PX', lease + tonumber(ARGV[3]))
+return 1
+"#
+);
+
+/// `get(key)`: nil when nothing lives there (an ended lease counts as nothing), the stored
+/// value when it is completed (or not an idem record), `{record, ms_left}` when held.
+const GET_LUA: &str = concat!(
+    prelude!(),
+    r#"
+local v = redis.call('GET', KEYS[1])
+if not v then return false end
+local d = deadline(v)
+if d then
+  local left = d - now_ms()
+  if left > 0 then return {v, left} end
+  return false
+end
+return v
+"#
+);
+
+/// `delete(key)`: deletes whatever lives under the key, even a value of another Redis
+/// type. Replies `1` when something live was there, `0` otherwise (an ended lease is not
+/// live).
+const DELETE_LUA: &str = concat!(
+    prelude!(),
+    r#"
+local v = redis.pcall('GET', KEYS[1])
+local live = 1
+if not v then
+  live = 0
+elseif type(v) == 'string' and (deadline(v) or math.huge) <= now_ms() then
+  live = 0
+end
+redis.call('DEL', KEYS[1])
+return live
+"#
+);
+
+pub(crate) static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIM_LUA));
+pub(crate) static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(COMPLETE_LUA));
+pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
+pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_LUA));
+pub(crate) static GET: LazyLock<Script> = LazyLock::new(|| Script::new(GET_LUA));
+pub(crate) static DELETE: LazyLock<Script> = LazyLock::new(|| Script::new(DELETE_LUA));
+
+/// Every script, for loading them all at connect time (so that the first call of each step
+/// is one `EVALSHA`, not `EVALSHA`, `NOSCRIPT`, `SCRIPT LOAD`, `EVALSHA`).
+pub(crate) fn all() -> [&'static Script; 6] {
+    [&CLAIM, &COMPLETE, &RELEASE, &EXTEND, &GET, &DELETE]
+}
