@@ -9,6 +9,8 @@
 //! combined in sorted order, so a `HashMap` digests the same whatever its iteration order.
 //! Type names are not part of the encoding: renaming a struct keeps its digests.
 
+use std::sync::OnceLock;
+
 use serde::ser::{self, Serialize};
 
 /// Context strings for blake3's key derivation: a key digest and a fingerprint of the same
@@ -26,31 +28,41 @@ const FINGERPRINT_CONTEXT: &str = "idem 2026-11-29 fingerprint v1";
 /// assert_ne!(a, idem_core::digest_hex(&("order", 43)));
 /// ```
 pub fn digest_hex<T: Serialize + ?Sized>(value: &T) -> String {
-    let bytes = digest_with(KEY_CONTEXT, value);
+    static KEY: OnceLock<blake3::Hasher> = OnceLock::new();
+    let bytes = digest_with(KEY.get_or_init(|| blake3::Hasher::new_derive_key(KEY_CONTEXT)), value);
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(32);
     for b in &bytes[..16] {
-        out.push(char::from_digit((b >> 4) as u32, 16).unwrap_or('0'));
-        out.push(char::from_digit((b & 0xf) as u32, 16).unwrap_or('0'));
+        out.push(HEX[(b >> 4) as usize] as char);
+        out.push(HEX[(b & 0xf) as usize] as char);
     }
     out
 }
 
 /// The 128-bit fingerprint digest of `value`.
 pub(crate) fn fingerprint_bytes<T: Serialize + ?Sized>(value: &T) -> [u8; 16] {
-    let full = digest_with(FINGERPRINT_CONTEXT, value);
+    static FINGERPRINT: OnceLock<blake3::Hasher> = OnceLock::new();
+    let full = digest_with(
+        FINGERPRINT.get_or_init(|| blake3::Hasher::new_derive_key(FINGERPRINT_CONTEXT)),
+        value,
+    );
     let mut out = [0u8; 16];
     out.copy_from_slice(&full[..16]);
     out
 }
 
-fn digest_with<T: Serialize + ?Sized>(context: &str, value: &T) -> [u8; 32] {
-    let mut hasher = blake3::Hasher::new_derive_key(context);
-    // The digest serializer cannot fail except through a user's Serialize impl returning a
-    // custom error; that error text is then hashed so the digest stays deterministic.
-    if let Err(DigestError(msg)) = value.serialize(Digester { h: &mut hasher }) {
-        hasher.update(&[tag::ERROR]);
-        hasher.update(msg.as_bytes());
+/// Encodes `value` into a buffer, then hashes it in one update with a clone of the keyed
+/// hasher (deriving the key from the context string costs more than hashing a request).
+fn digest_with<T: Serialize + ?Sized>(base: &blake3::Hasher, value: &T) -> [u8; 32] {
+    let mut buf = Vec::with_capacity(128);
+    // The encoder cannot fail except through a user's Serialize impl returning a custom
+    // error; that error text is then hashed so the digest stays deterministic.
+    if let Err(DigestError(msg)) = value.serialize(Digester { out: &mut buf }) {
+        buf.push(tag::ERROR);
+        buf.extend_from_slice(msg.as_bytes());
     }
+    let mut hasher = base.clone();
+    hasher.update(&buf);
     *hasher.finalize().as_bytes()
 }
 
@@ -90,20 +102,23 @@ impl ser::Error for DigestError {
 }
 
 struct Digester<'a> {
-    h: &'a mut blake3::Hasher,
+    out: &'a mut Vec<u8>,
 }
 
 impl Digester<'_> {
     fn tag(&mut self, t: u8) {
-        self.h.update(&[t]);
+        self.out.push(t);
     }
     fn len(&mut self, n: usize) {
-        self.h.update(&(n as u64).to_le_bytes());
+        self.out.extend_from_slice(&(n as u64).to_le_bytes());
     }
     fn str(&mut self, s: &str) {
         self.tag(tag::STR);
         self.len(s.len());
-        self.h.update(s.as_bytes());
+        self.out.extend_from_slice(s.as_bytes());
+    }
+    fn bytes(&mut self, b: &[u8]) {
+        self.out.extend_from_slice(b);
     }
 }
 
@@ -122,7 +137,7 @@ impl<'a> ser::Serializer for Digester<'a> {
 
     fn serialize_bool(mut self, v: bool) -> R {
         self.tag(tag::BOOL);
-        self.h.update(&[v as u8]);
+        self.bytes(&[v as u8]);
         Ok(())
     }
     fn serialize_i8(self, v: i8) -> R {
@@ -139,7 +154,7 @@ impl<'a> ser::Serializer for Digester<'a> {
     }
     fn serialize_i128(mut self, v: i128) -> R {
         self.tag(tag::INT);
-        self.h.update(&v.to_le_bytes());
+        self.bytes(&v.to_le_bytes());
         Ok(())
     }
     fn serialize_u8(self, v: u8) -> R {
@@ -156,7 +171,7 @@ impl<'a> ser::Serializer for Digester<'a> {
     }
     fn serialize_u128(mut self, v: u128) -> R {
         self.tag(tag::UINT);
-        self.h.update(&v.to_le_bytes());
+        self.bytes(&v.to_le_bytes());
         Ok(())
     }
     fn serialize_f32(self, v: f32) -> R {
@@ -172,12 +187,12 @@ impl<'a> ser::Serializer for Digester<'a> {
         } else {
             v
         };
-        self.h.update(&v.to_bits().to_le_bytes());
+        self.bytes(&v.to_bits().to_le_bytes());
         Ok(())
     }
     fn serialize_char(mut self, v: char) -> R {
         self.tag(tag::CHAR);
-        self.h.update(&(v as u32).to_le_bytes());
+        self.bytes(&(v as u32).to_le_bytes());
         Ok(())
     }
     fn serialize_str(mut self, v: &str) -> R {
@@ -187,7 +202,7 @@ impl<'a> ser::Serializer for Digester<'a> {
     fn serialize_bytes(mut self, v: &[u8]) -> R {
         self.tag(tag::BYTES);
         self.len(v.len());
-        self.h.update(v);
+        self.bytes(v);
         Ok(())
     }
     fn serialize_none(mut self) -> R {
@@ -227,11 +242,11 @@ impl<'a> ser::Serializer for Digester<'a> {
     }
     fn serialize_seq(mut self, _len: Option<usize>) -> Result<Seq<'a>, DigestError> {
         self.tag(tag::SEQ);
-        Ok(Seq { h: self.h })
+        Ok(Seq { out: self.out })
     }
     fn serialize_tuple(mut self, _len: usize) -> Result<Seq<'a>, DigestError> {
         self.tag(tag::TUPLE);
-        Ok(Seq { h: self.h })
+        Ok(Seq { out: self.out })
     }
     fn serialize_tuple_struct(self, _name: &'static str, len: usize) -> Result<Seq<'a>, DigestError> {
         self.serialize_tuple(len)
@@ -246,18 +261,18 @@ impl<'a> ser::Serializer for Digester<'a> {
         self.tag(tag::VARIANT);
         self.str(variant);
         self.tag(tag::TUPLE);
-        Ok(Seq { h: self.h })
+        Ok(Seq { out: self.out })
     }
     fn serialize_map(self, len: Option<usize>) -> Result<Map<'a>, DigestError> {
         Ok(Map {
-            h: self.h,
+            out: self.out,
             entries: Vec::with_capacity(len.unwrap_or(0)),
             pending: None,
         })
     }
     fn serialize_struct(mut self, _name: &'static str, _len: usize) -> Result<Seq<'a>, DigestError> {
         self.tag(tag::STRUCT);
-        Ok(Seq { h: self.h })
+        Ok(Seq { out: self.out })
     }
     fn serialize_struct_variant(
         mut self,
@@ -269,21 +284,21 @@ impl<'a> ser::Serializer for Digester<'a> {
         self.tag(tag::VARIANT);
         self.str(variant);
         self.tag(tag::STRUCT);
-        Ok(Seq { h: self.h })
+        Ok(Seq { out: self.out })
     }
 }
 
 /// Sequences, tuples and structs: items in order, closed by an end tag.
 struct Seq<'a> {
-    h: &'a mut blake3::Hasher,
+    out: &'a mut Vec<u8>,
 }
 
 impl Seq<'_> {
     fn item<T: Serialize + ?Sized>(&mut self, v: &T) -> R {
-        v.serialize(Digester { h: self.h })
+        v.serialize(Digester { out: self.out })
     }
     fn end(self) -> R {
-        self.h.update(&[tag::END]);
+        self.out.push(tag::END);
         Ok(())
     }
 }
@@ -332,7 +347,7 @@ impl ser::SerializeStruct for Seq<'_> {
     type Ok = ();
     type Error = DigestError;
     fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, v: &T) -> R {
-        Digester { h: self.h }.str(key);
+        Digester { out: self.out }.str(key);
         self.item(v)
     }
     fn end(self) -> R {
@@ -343,7 +358,7 @@ impl ser::SerializeStructVariant for Seq<'_> {
     type Ok = ();
     type Error = DigestError;
     fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, v: &T) -> R {
-        Digester { h: self.h }.str(key);
+        Digester { out: self.out }.str(key);
         self.item(v)
     }
     fn end(self) -> R {
@@ -353,17 +368,17 @@ impl ser::SerializeStructVariant for Seq<'_> {
 
 /// Maps: each entry is digested on its own, and the entry digests are fed in sorted order.
 struct Map<'a> {
-    h: &'a mut blake3::Hasher,
+    out: &'a mut Vec<u8>,
     entries: Vec<[u8; 32]>,
-    pending: Option<blake3::Hasher>,
+    pending: Option<Vec<u8>>,
 }
 
 impl ser::SerializeMap for Map<'_> {
     type Ok = ();
     type Error = DigestError;
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> R {
-        let mut entry = blake3::Hasher::new();
-        key.serialize(Digester { h: &mut entry })?;
+        let mut entry = Vec::new();
+        key.serialize(Digester { out: &mut entry })?;
         self.pending = Some(entry);
         Ok(())
     }
@@ -372,18 +387,18 @@ impl ser::SerializeMap for Map<'_> {
             .pending
             .take()
             .ok_or_else(|| DigestError("map value without a key".into()))?;
-        value.serialize(Digester { h: &mut entry })?;
-        self.entries.push(*entry.finalize().as_bytes());
+        value.serialize(Digester { out: &mut entry })?;
+        self.entries.push(*blake3::hash(&entry).as_bytes());
         Ok(())
     }
     fn end(mut self) -> R {
         self.entries.sort_unstable();
-        self.h.update(&[tag::MAP]);
-        self.h.update(&(self.entries.len() as u64).to_le_bytes());
+        self.out.push(tag::MAP);
+        self.out.extend_from_slice(&(self.entries.len() as u64).to_le_bytes());
         for e in &self.entries {
-            self.h.update(e);
+            self.out.extend_from_slice(e);
         }
-        self.h.update(&[tag::END]);
+        self.out.push(tag::END);
         Ok(())
     }
 }
