@@ -32,14 +32,84 @@ ensure_redis() {
   return 1
 }
 
-# A 3-node Redis Cluster on spare ports in a temporary directory; sets REDIS_CLUSTER_URLS.
+# A 3-node Redis Cluster on spare ports in a temporary directory; sets REDIS_CLUSTER_URLS
+# (`redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`, what idem's connect() and the
+# cluster tests read from IDEM_TEST_REDIS_CLUSTER). Nothing is kept on disk but the nodes'
+# cluster config files, removed with the directory by stop_redis_cluster.
 REDIS_CLUSTER_URLS=""
 REDIS_CLUSTER_DIR=""
+REDIS_CLUSTER_PORTS=""
+
+# A port nothing listens on, whose cluster bus port (+10000) is free too.
+_redis_spare_port() {
+  local port
+  for _ in $(seq 1 200); do
+    port=$((20000 + RANDOM % 20000))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null \
+      && ! (exec 3<>"/dev/tcp/127.0.0.1/$((port + 10000))") 2>/dev/null \
+      && [[ " $REDIS_CLUSTER_PORTS " != *" $port "* ]]; then
+      echo "$port"
+      return 0
+    fi
+  done
+  echo "redis cluster: no spare port found" >&2
+  return 1
+}
+
 start_redis_cluster() {
   REDIS_CLUSTER_URLS=""
-  echo "redis cluster: not set up yet"
+  REDIS_CLUSTER_PORTS=""
+  REDIS_CLUSTER_DIR=$(mktemp -d "${TMPDIR:-/tmp}/idem-redis-cluster.XXXXXX")
+  local port hosts="" urls=""
+  for _ in 1 2 3; do
+    port=$(_redis_spare_port)
+    REDIS_CLUSTER_PORTS="$REDIS_CLUSTER_PORTS $port"
+    mkdir -p "$REDIS_CLUSTER_DIR/$port"
+    redis-server --daemonize yes --bind 127.0.0.1 --port "$port" --protected-mode no \
+      --cluster-enabled yes --cluster-config-file "nodes-$port.conf" --cluster-node-timeout 5000 \
+      --save "" --appendonly no --dir "$REDIS_CLUSTER_DIR/$port" \
+      --pidfile "$REDIS_CLUSTER_DIR/$port/redis.pid" --logfile "$REDIS_CLUSTER_DIR/$port/redis.log"
+    hosts="$hosts 127.0.0.1:$port"
+    urls="${urls:+$urls,}127.0.0.1:$port"
+  done
+  for port in $REDIS_CLUSTER_PORTS; do
+    local up=""
+    for _ in $(seq 1 50); do
+      if redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG; then up=1; break; fi
+      sleep 0.2
+    done
+    [[ -n "$up" ]] || { echo "redis cluster: node $port did not come up" >&2; return 1; }
+  done
+  # shellcheck disable=SC2086 # one argument per node
+  redis-cli --cluster create $hosts --cluster-replicas 0 --cluster-yes >"$REDIS_CLUSTER_DIR/create.log" 2>&1 || {
+    cat "$REDIS_CLUSTER_DIR/create.log" >&2
+    return 1
+  }
+  for port in $REDIS_CLUSTER_PORTS; do
+    local ok=""
+    for _ in $(seq 1 150); do
+      if redis-cli -h 127.0.0.1 -p "$port" cluster info 2>/dev/null | grep -q '^cluster_state:ok'; then ok=1; break; fi
+      sleep 0.2
+    done
+    [[ -n "$ok" ]] || { echo "redis cluster: node $port is not ok after 30s" >&2; return 1; }
+  done
+  REDIS_CLUSTER_URLS="redis+cluster://$urls"
+  echo "redis cluster: up at $REDIS_CLUSTER_URLS"
 }
 
 stop_redis_cluster() {
-  :
+  local port pid
+  for port in $REDIS_CLUSTER_PORTS; do
+    pid=$(cat "$REDIS_CLUSTER_DIR/$port/redis.pid" 2>/dev/null || true)
+    if [[ -n "$pid" ]]; then
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -9 "$pid" 2>/dev/null || true
+    fi
+  done
+  if [[ -n "$REDIS_CLUSTER_DIR" && -d "$REDIS_CLUSTER_DIR" ]]; then
+    rm -rf "$REDIS_CLUSTER_DIR"
+  fi
+  REDIS_CLUSTER_PORTS=""
+  REDIS_CLUSTER_DIR=""
 }

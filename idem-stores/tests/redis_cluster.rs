@@ -1,0 +1,192 @@
+//! `RedisStore` against a real Redis Cluster: `IDEM_TEST_REDIS_CLUSTER` is
+//! `redis+cluster://host1:port1,host2:port2,...` (what `.ci/run` sets) or a comma-separated
+//! list of `redis://host:port` node URLs. Every key is in a scope of its own.
+//!
+//! ```text
+//! IDEM_TEST_REDIS_CLUSTER=redis+cluster://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003 \
+//!     cargo test -p idem-stores --features redis-cluster --test redis_cluster
+//! ```
+#![cfg(feature = "redis-cluster")]
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem_core::testing::{backend_url, unique_scope};
+use idem_core::{Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store};
+use idem_stores::redis::RedisStore;
+
+const CLUSTER_VAR: &str = "IDEM_TEST_REDIS_CLUSTER";
+
+/// The node URLs in `IDEM_TEST_REDIS_CLUSTER`, whichever form it has.
+fn nodes(spec: &str) -> Vec<String> {
+    let list = spec.strip_prefix("redis+cluster://").unwrap_or(spec);
+    list.split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(|n| {
+            if n.contains("://") {
+                n.to_string()
+            } else {
+                format!("redis://{n}")
+            }
+        })
+        .collect()
+}
+
+async fn cluster_store() -> Option<RedisStore> {
+    let spec = backend_url(CLUSTER_VAR)?;
+    Some(
+        RedisStore::builder()
+            .open_cluster(nodes(&spec))
+            .await
+            .expect("connect to IDEM_TEST_REDIS_CLUSTER"),
+    )
+}
+
+idem_core::conformance_tests!(redis_cluster, cluster_store());
+
+async fn cluster_connection(spec: &str) -> ::redis::cluster_async::ClusterConnection {
+    ::redis::cluster::ClusterClient::new(nodes(spec))
+        .unwrap()
+        .get_async_connection()
+        .await
+        .expect("cluster connection")
+}
+
+fn key(scope: &str, id: &str) -> Key {
+    Key::new(scope, id).unwrap()
+}
+
+#[tokio::test]
+async fn cluster_url_connect_and_an_existing_connection() {
+    let Some(spec) = backend_url(CLUSTER_VAR) else {
+        return;
+    };
+    let url = format!(
+        "redis+cluster://{}",
+        nodes(&spec)
+            .iter()
+            .map(|n| n.trim_start_matches("redis://").to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let by_url = idem_stores::connect(&url).await.unwrap();
+    let k = key(&unique_scope("cluster-connect"), "k");
+    assert!(matches!(
+        by_url
+            .claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        Claim::Acquired { .. }
+    ));
+    let mine = RedisStore::from_cluster_connection(cluster_connection(&spec).await).await;
+    assert!(format!("{mine:?}").contains("cluster"));
+    assert!(matches!(
+        mine.claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        Claim::InProgress { .. }
+    ));
+}
+
+/// Ids that share a would-be hash tag still spread over the slots (and so over the nodes):
+/// the tag is escaped, so each record hashes by its whole key. Each one is stored and read
+/// back from wherever it landed.
+#[tokio::test]
+async fn hash_tags_in_ids_do_not_pin_records_to_one_slot() {
+    let Some(spec) = backend_url(CLUSTER_VAR) else {
+        return;
+    };
+    let store = cluster_store().await.unwrap();
+    let mut admin = cluster_connection(&spec).await;
+    let scope = unique_scope("cluster-tags");
+    let mut slots = HashSet::new();
+    for i in 0..24 {
+        let k = key(&scope, &format!("{{tenant}}-{i}"));
+        let slot: u16 = ::redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(store.record_key(&k))
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        slots.insert(slot);
+        let Claim::Acquired { token, .. } = store
+            .claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+            .await
+            .unwrap()
+        else {
+            panic!("fresh key not acquired");
+        };
+        store
+            .complete(
+                &k,
+                token,
+                idem_core::Bytes::from(i.to_string()),
+                Duration::from_secs(60),
+            )
+            .await
+            .unwrap();
+    }
+    assert!(slots.len() > 12, "records piled onto {} slots", slots.len());
+    for i in 0..24 {
+        let k = key(&scope, &format!("{{tenant}}-{i}"));
+        match store.get(&k).await.unwrap() {
+            Some(Record::Completed { payload, .. }) => {
+                assert_eq!(&payload[..], i.to_string().as_bytes())
+            }
+            other => panic!("{k}: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn callers_on_several_cluster_connections_run_the_body_once() {
+    let Some(spec) = backend_url(CLUSTER_VAR) else {
+        return;
+    };
+    let mut engines = Vec::new();
+    for _ in 0..3 {
+        let store = RedisStore::builder()
+            .open_cluster(nodes(&spec))
+            .await
+            .unwrap();
+        engines.push(
+            Idem::builder()
+                .store(store)
+                .in_progress(InProgress::Wait)
+                .wait_timeout(Duration::from_secs(20))
+                .build()
+                .unwrap(),
+        );
+    }
+    let scope = unique_scope("cluster-race");
+    // Several keys, so that several nodes take part.
+    let runs: Arc<Vec<AtomicU32>> = Arc::new((0..6).map(|_| AtomicU32::new(0)).collect());
+    let tasks: Vec<_> = (0..60)
+        .map(|i| {
+            let (idem, runs) = (engines[i % 3].clone(), runs.clone());
+            let k = key(&scope, &format!("order-{}", i % 6));
+            tokio::spawn(async move {
+                idem.run(k, Fingerprint::NONE, || async move {
+                    runs[i % 6].fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    i % 6
+                })
+                .await
+            })
+        })
+        .collect();
+    for (i, t) in tasks.into_iter().enumerate() {
+        let v: Result<usize, Error> = t.await.unwrap();
+        assert_eq!(v.unwrap(), i % 6);
+    }
+    for (k, n) in runs.iter().enumerate() {
+        assert_eq!(
+            n.load(Ordering::SeqCst),
+            1,
+            "key {k}: the body ran more than once"
+        );
+    }
+}
