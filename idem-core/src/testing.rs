@@ -1,7 +1,7 @@
 //! The conformance suite: every store backend passes it (feature `testing`).
 //!
 //! Each behaviour of the store contract is one `pub async fn` that takes the store as an
-//! `Arc<dyn Store>` and panics when the store breaks the contract. [`conformance_tests!`]
+//! `Arc<dyn Store>` and panics when the store breaks the contract. [`conformance_tests!`](crate::conformance_tests)
 //! stamps one named `#[tokio::test]` per behaviour for a backend, so that its tests read
 //! `memory::lease_takeover`, `redis::fencing_stale_token_cannot_complete`, and so on:
 //!
@@ -34,7 +34,7 @@ const SHORT: Duration = Duration::from_millis(300);
 /// Past `SHORT`, with margin for a store's clock granularity.
 const PAST_SHORT: Duration = Duration::from_millis(700);
 
-/// Every behaviour, by name: what [`conformance_tests!`] stamps.
+/// Every behaviour, by name: what [`conformance_tests!`](crate::conformance_tests) stamps.
 pub const BEHAVIOURS: &[&str] = &[
     "claim_fresh_key_is_acquired",
     "claim_held_key_is_in_progress",
