@@ -1,0 +1,749 @@
+//! Postgres store against a real server (`IDEM_TEST_POSTGRES_URL`; skipped with a message
+//! when unset, a failure when `IDEM_REQUIRE_BACKENDS=1`). Every test works in a schema of
+//! its own, so tests run in parallel; schemas older than an hour are dropped on the way.
+//!
+//! Round trips are counted on the wire: a small proxy between the pool and the server reads
+//! the client's protocol messages and tells statements, prepares and pings apart.
+#![cfg(feature = "postgres")]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use idem_core::testing::backend_url;
+use idem_core::{Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, StoreError};
+use idem_stores::PostgresStore;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+static SCHEMAS: AtomicU64 = AtomicU64::new(0);
+
+fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+fn url() -> Option<String> {
+    backend_url("IDEM_TEST_POSTGRES_URL")
+}
+
+async fn pool(url: &str, max: u32) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(max)
+        .test_before_acquire(false)
+        .connect(url)
+        .await
+        .expect("connect to IDEM_TEST_POSTGRES_URL")
+}
+
+/// A new schema for one test; drops the schemas of test runs older than an hour.
+async fn fresh_schema(pool: &PgPool) -> String {
+    let now = unix_secs();
+    let old: Vec<String> = sqlx::query_scalar(
+        "SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'idem\\_t\\_%'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    for schema in old {
+        let born: u64 = schema
+            .split('_')
+            .nth(2)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        if born + 3600 < now {
+            let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                .execute(pool)
+                .await;
+        }
+    }
+    let schema = format!(
+        "idem_t_{now}_{}_{}",
+        std::process::id(),
+        SCHEMAS.fetch_add(1, Ordering::Relaxed)
+    );
+    sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
+        .execute(pool)
+        .await
+        .unwrap();
+    schema
+}
+
+/// A migrated store on its own pool, in a fresh schema.
+async fn fresh_on(url: &str, max: u32) -> PostgresStore {
+    let pool = pool(url, max).await;
+    let schema = fresh_schema(&pool).await;
+    let store = PostgresStore::new(pool)
+        .with_table(&format!("{schema}.idem_records"))
+        .unwrap();
+    store.migrate().await.unwrap();
+    store
+}
+
+async fn fresh() -> Option<PostgresStore> {
+    Some(fresh_on(&url()?, 6).await)
+}
+
+idem_core::conformance_tests!(postgres, super::fresh());
+
+fn key(id: &str) -> Key {
+    Key::new("postgres-tests", id).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_engines_on_two_pools_run_each_key_once() {
+    let Some(url) = url() else { return };
+    let a = fresh_on(&url, 5).await;
+    let b = PostgresStore::new(pool(&url, 5).await)
+        .with_table(&a.table())
+        .unwrap();
+    let engines = [a, b].map(|s| {
+        Idem::builder()
+            .store(s)
+            .in_progress(InProgress::Wait)
+            .wait_timeout(Duration::from_secs(30))
+            .build()
+            .unwrap()
+    });
+    const KEYS: usize = 30;
+    let runs: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
+    let mut tasks = Vec::new();
+    for i in 0..KEYS * 10 {
+        let (idem, runs, k) = (engines[i % 2].clone(), runs.clone(), i % KEYS);
+        tasks.push(tokio::spawn(async move {
+            let v: usize = idem
+                .run(key(&format!("k{k}")), Fingerprint::of(&k), || async move {
+                    runs[k].fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    i
+                })
+                .await
+                .unwrap();
+            (k, v)
+        }));
+    }
+    let mut answers: HashMap<usize, usize> = HashMap::new();
+    for t in tasks {
+        let (k, v) = t.await.unwrap();
+        assert_eq!(
+            *answers.entry(k).or_insert(v),
+            v,
+            "key {k} answered two values"
+        );
+    }
+    let runs: Vec<u64> = runs.iter().map(|n| n.load(Ordering::SeqCst)).collect();
+    assert_eq!(
+        runs,
+        vec![1; KEYS],
+        "executions per key across both engines"
+    );
+    let winners_on_a = answers.values().filter(|v| *v % 2 == 0).count();
+    eprintln!("keys won by engine a: {winners_on_a} of {KEYS}");
+}
+
+// ---- round trips, counted on the wire ------------------------------------------------
+
+/// One request the client made and waited for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Exchange {
+    /// Bind/Execute ... Sync: a statement ran.
+    Statement,
+    /// Parse/Describe ... Sync with no Execute: sqlx preparing a statement.
+    Prepare,
+    /// A bare Sync: sqlx's connection check (before lending it out, or on its return).
+    Ping,
+    /// A simple-protocol query.
+    Simple,
+}
+
+/// A TCP proxy to the Postgres server that logs the client's exchanges.
+struct Proxy {
+    port: u16,
+    log: Arc<Mutex<Vec<Exchange>>>,
+}
+
+impl Proxy {
+    async fn start(upstream: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let shared = log.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let server = TcpStream::connect(upstream).await.unwrap();
+                let log = shared.clone();
+                tokio::spawn(async move {
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut sr, mut sw) = server.into_split();
+                    tokio::spawn(async move {
+                        let _ = tokio::io::copy(&mut sr, &mut cw).await;
+                    });
+                    let _ = client_to_server(&mut cr, &mut sw, &log).await;
+                });
+            }
+        });
+        Proxy { port, log }
+    }
+
+    fn take(&self) -> Vec<Exchange> {
+        std::mem::take(&mut *self.log.lock().unwrap())
+    }
+}
+
+/// Forwards the client's bytes message by message, logging each exchange as it ends.
+async fn client_to_server(
+    from: &mut (impl AsyncReadExt + Unpin),
+    to: &mut (impl AsyncWriteExt + Unpin),
+    log: &Mutex<Vec<Exchange>>,
+) -> std::io::Result<()> {
+    // Startup: untyped messages (length, then body) until one that is not an SSL or GSS
+    // encryption request.
+    loop {
+        let len = from.read_u32().await?;
+        let mut body = vec![0; len as usize - 4];
+        from.read_exact(&mut body).await?;
+        to.write_u32(len).await?;
+        to.write_all(&body).await?;
+        let code = u32::from_be_bytes(body[..4].try_into().unwrap());
+        if code != 80877103 && code != 80877104 {
+            break;
+        }
+    }
+    let mut pending: Vec<u8> = Vec::new();
+    loop {
+        let kind = from.read_u8().await?;
+        let len = from.read_u32().await?;
+        let mut body = vec![0; len as usize - 4];
+        from.read_exact(&mut body).await?;
+        match kind {
+            b'S' => {
+                let e = if pending.contains(&b'E') {
+                    Exchange::Statement
+                } else if pending.contains(&b'P') {
+                    Exchange::Prepare
+                } else {
+                    Exchange::Ping
+                };
+                log.lock().unwrap().push(e);
+                pending.clear();
+            }
+            b'Q' => log.lock().unwrap().push(Exchange::Simple),
+            other => pending.push(other),
+        }
+        to.write_u8(kind).await?;
+        to.write_u32(len).await?;
+        to.write_all(&body).await?;
+    }
+}
+
+/// The test server's URL with the proxy's address instead of the server's.
+fn through(url: &str, port: u16) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (user, rest) = match rest.split_once('@') {
+        Some((user, rest)) => (format!("{user}@"), rest),
+        None => (String::new(), rest),
+    };
+    let path = rest.find(['/', '?']).map_or("", |at| &rest[at..]);
+    let sep = if path.contains('?') { '&' } else { '?' };
+    format!("{scheme}://{user}127.0.0.1:{port}{path}{sep}sslmode=disable")
+}
+
+fn count(log: &[Exchange], e: Exchange) -> usize {
+    log.iter().filter(|x| **x == e).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trips_first_call_two_replay_one() {
+    let Some(url) = url() else { return };
+    let options = PgConnectOptions::from_str(&url).unwrap();
+    let upstream = tokio::net::lookup_host((options.get_host(), options.get_port()))
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = Proxy::start(upstream).await;
+    let schema = fresh_schema(&pool(&url, 1).await).await;
+    let table = format!("{schema}.idem_records");
+
+    let settle = || tokio::time::sleep(Duration::from_millis(200));
+    async fn call(idem: &Idem, id: &'static str) -> String {
+        idem.run(key(id), Fingerprint::NONE, || async {
+            // Lets the pool's background check of the claim's connection pass first.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            id.to_string()
+        })
+        .await
+        .unwrap()
+    }
+
+    // The store's own constructor, through the proxy. Its pool has several connections,
+    // each of which prepares a statement the first time it runs it.
+    let store = PostgresStore::connect(&through(&url, proxy.port))
+        .await
+        .unwrap()
+        .with_table(&table)
+        .unwrap();
+    store.migrate().await.unwrap();
+    let idem = Idem::new(store);
+    settle().await;
+    proxy.take();
+    call(&idem, "a").await;
+    settle().await;
+    let first = proxy.take();
+    call(&idem, "a").await;
+    settle().await;
+    let replay = proxy.take();
+    eprintln!("PostgresStore::connect: first call {first:?}, replay {replay:?}");
+    assert_eq!(
+        count(&first, Exchange::Statement),
+        2,
+        "a first call is claim + complete: {first:?}"
+    );
+    assert_eq!(
+        count(&replay, Exchange::Statement),
+        1,
+        "a replay is one claim: {replay:?}"
+    );
+    for log in [&first, &replay] {
+        // sqlx checks a connection when it goes back to the pool, after the caller has its
+        // answer; with test_before_acquire off, no check comes before a statement.
+        assert_ne!(
+            log.first(),
+            Some(&Exchange::Ping),
+            "a ping before the statement: {log:?}"
+        );
+        assert_eq!(count(log, Exchange::Simple), 0, "{log:?}");
+    }
+
+    // One warm connection: exactly one exchange per step on the caller's path, then the
+    // pool's check on release.
+    let one = PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect(&through(&url, proxy.port))
+        .await
+        .unwrap();
+    let idem = Idem::new(PostgresStore::new(one).with_table(&table).unwrap());
+    call(&idem, "warm").await;
+    call(&idem, "warm").await;
+    settle().await;
+    proxy.take();
+    call(&idem, "b").await;
+    settle().await;
+    let first = proxy.take();
+    call(&idem, "b").await;
+    settle().await;
+    let replay = proxy.take();
+    eprintln!("one warm connection: first call {first:?}, replay {replay:?}");
+    use Exchange::{Ping, Statement};
+    assert_eq!(
+        first,
+        [Statement, Ping, Statement, Ping],
+        "first call: claim, complete"
+    );
+    assert_eq!(replay, [Statement, Ping], "replay: claim");
+
+    // What a pool with sqlx's defaults costs: a ping before every statement.
+    let default_pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&through(&url, proxy.port))
+        .await
+        .unwrap();
+    let idem = Idem::new(PostgresStore::new(default_pool).with_table(&table).unwrap());
+    call(&idem, "warm").await;
+    settle().await;
+    proxy.take();
+    call(&idem, "b").await;
+    settle().await;
+    let replay = proxy.take();
+    eprintln!("replay on a pool with sqlx's default test_before_acquire: {replay:?}");
+    assert_eq!(replay, [Ping, Statement, Ping]);
+}
+
+// ---- setup and failures ------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn migrate_twice_and_concurrently() {
+    let Some(url) = url() else { return };
+    let pool = pool(&url, 6).await;
+    let schema = fresh_schema(&pool).await;
+    let store = PostgresStore::new(pool)
+        .with_table(&format!("{schema}.records"))
+        .unwrap();
+    let runs: Vec<_> = (0..5)
+        .map(|_| {
+            let s = store.clone();
+            tokio::spawn(async move { s.migrate().await })
+        })
+        .collect();
+    for r in runs {
+        r.await.unwrap().unwrap();
+    }
+    store.migrate().await.unwrap();
+    let versions: Vec<i32> =
+        sqlx::query_scalar(&format!("SELECT version FROM \"{schema}\".records_schema"))
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(versions, vec![1]);
+
+    // A table migrated by a newer build is refused, not used.
+    sqlx::query(&format!(
+        "INSERT INTO \"{schema}\".records_schema (version) VALUES (99)"
+    ))
+    .execute(store.pool())
+    .await
+    .unwrap();
+    match store.migrate().await {
+        Err(StoreError::NotSetUp { message, .. }) => {
+            assert!(message.contains("newer"), "{message}")
+        }
+        other => panic!("expected NotSetUp, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_missing_table_says_to_call_migrate_and_the_body_does_not_run() {
+    let Some(url) = url() else { return };
+    let pool = pool(&url, 2).await;
+    let schema = fresh_schema(&pool).await;
+    let store = PostgresStore::new(pool)
+        .with_table(&format!("{schema}.idem_records"))
+        .unwrap();
+    let idem = Idem::new(store.clone());
+    let runs = AtomicU64::new(0);
+    let err = idem
+        .run(key("no-table"), Fingerprint::NONE, || async {
+            runs.fetch_add(1, Ordering::SeqCst)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    match &err {
+        Error::Store {
+            source: StoreError::NotSetUp { message, .. },
+            ..
+        } => assert!(
+            message.contains("migrate()") && message.contains(&schema),
+            "{message}"
+        ),
+        other => panic!("expected a NotSetUp store error, got {other:?}"),
+    }
+    assert!(store.get(&key("no-table")).await.is_err());
+    store.migrate().await.unwrap();
+    idem.run(key("no-table"), Fingerprint::NONE, || async { 1 })
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_junk_row_is_a_decode_error_naming_the_key() {
+    let Some(store) = fresh().await else { return };
+    let sql = format!(
+        "INSERT INTO {} (key, fingerprint, token, completed, payload, ends_at) VALUES ($1, $2, 7, true, $3, now() + interval '1 minute')",
+        store.table()
+    );
+    let junk_payload = key("junk-payload");
+    let junk_fingerprint = key("junk-fingerprint");
+    for (k, fp, payload) in [
+        (&junk_payload, vec![0u8; 16], b"not an envelope".to_vec()),
+        (&junk_fingerprint, vec![1u8, 2, 3], b"x".to_vec()),
+    ] {
+        sqlx::query(&sql)
+            .bind(k.as_str())
+            .bind(fp)
+            .bind(payload)
+            .execute(store.pool())
+            .await
+            .unwrap();
+    }
+    let idem = Idem::new(store);
+    for k in [junk_payload, junk_fingerprint] {
+        let err = idem
+            .run(k.clone(), Fingerprint::NONE, || async { 1u8 })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Decode { key, .. } if *key == k),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains(k.as_str()), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn keys_are_bound_parameters_stored_verbatim() {
+    let Some(store) = fresh().await else { return };
+    let ids = [
+        "it's".to_string(),
+        "\"quoted\"".into(),
+        "100%".into(),
+        "%".into(),
+        "_".into(),
+        "'; DROP TABLE idem_records; --".into(),
+        "$1".into(),
+        "ünïcödé 🦀".into(),
+        "k".repeat(1024),
+    ];
+    for id in &ids {
+        let k = key(id);
+        let Claim::Acquired { token, .. } = store
+            .claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+            .await
+            .unwrap()
+        else {
+            panic!("{id:?} not acquired");
+        };
+        store
+            .complete(&k, token, Bytes::from(id.clone()), Duration::from_secs(30))
+            .await
+            .unwrap();
+    }
+    let stored: Vec<String> =
+        sqlx::query_scalar(&format!("SELECT key FROM {} ORDER BY key", store.table()))
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    let mut expected: Vec<String> = ids.iter().map(|id| key(id).as_str().to_owned()).collect();
+    expected.sort();
+    assert_eq!(stored, expected);
+    for id in &ids {
+        match store.get(&key(id)).await.unwrap() {
+            Some(Record::Completed { payload, .. }) => assert_eq!(payload, Bytes::from(id.clone())),
+            other => panic!("{id:?}: {other:?}"),
+        }
+    }
+    // Postgres text cannot hold NUL: an error, never a panic or another key's record.
+    let nul = key("a\0b");
+    assert!(matches!(
+        store
+            .claim(&nul, &Fingerprint::NONE, Duration::from_secs(1))
+            .await,
+        Err(StoreError::Backend { .. })
+    ));
+}
+
+fn assert_store_error_with_source(err: &Error) {
+    match err {
+        Error::Store { source, .. } => {
+            assert!(
+                source.is_temporary(),
+                "a lost connection is temporary: {source:?}"
+            );
+            let inner = std::error::Error::source(source).expect("the sqlx error is kept");
+            assert!(inner.downcast_ref::<sqlx::Error>().is_some(), "{inner:?}");
+        }
+        other => panic!("expected Error::Store, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_terminated_connection_is_a_store_error_and_the_body_does_not_run() {
+    let Some(url) = url() else { return };
+    let admin = pool(&url, 1).await;
+    let schema = fresh_schema(&admin).await;
+    let name = format!("idem-lost-{schema}");
+    let options = PgConnectOptions::from_str(&url)
+        .unwrap()
+        .application_name(&name);
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let store = PostgresStore::new(pool)
+        .with_table(&format!("{schema}.idem_records"))
+        .unwrap();
+    store.migrate().await.unwrap();
+    let idem = Idem::new(store);
+    let runs = AtomicU64::new(0);
+    idem.run(key("before"), Fingerprint::NONE, || async {
+        runs.fetch_add(1, Ordering::SeqCst)
+    })
+    .await
+    .unwrap();
+
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+    )
+    .bind(&name)
+    .fetch_all(&admin)
+    .await
+    .unwrap();
+    assert_eq!(
+        killed,
+        vec![true],
+        "the store's one connection was terminated"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let err = idem
+        .run(key("after"), Fingerprint::NONE, || async {
+            runs.fetch_add(1, Ordering::SeqCst)
+        })
+        .await
+        .unwrap_err();
+    assert_store_error_with_source(&err);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the body ran without a claim"
+    );
+    // The pool replaces the dead connection: the next call works.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    idem.run(key("after"), Fingerprint::NONE, || async {
+        runs.fetch_add(1, Ordering::SeqCst)
+    })
+    .await
+    .unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_server_that_is_down_is_a_store_error_and_the_body_does_not_run() {
+    let Some(url) = url() else { return };
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let options = PgConnectOptions::from_str(&url)
+        .unwrap()
+        .host("127.0.0.1")
+        .port(closed);
+    let pool = PgPoolOptions::new()
+        .acquire_timeout(Duration::from_millis(500))
+        .connect_lazy_with(options);
+    let idem = Idem::new(PostgresStore::new(pool));
+    let runs = AtomicU64::new(0);
+    let err = idem
+        .run(key("down"), Fingerprint::NONE, || async {
+            runs.fetch_add(1, Ordering::SeqCst)
+        })
+        .await
+        .unwrap_err();
+    assert_store_error_with_source(&err);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "the body ran without a store"
+    );
+    // connect() reports it at once, naming where it tried.
+    let err = PostgresStore::connect(&through(&url, closed)).await;
+    assert!(err.is_err());
+}
+
+#[tokio::test]
+async fn purge_expired_deletes_ended_records_in_batches() {
+    let Some(store) = fresh().await else { return };
+    for i in 0..25 {
+        let k = key(&format!("short{i}"));
+        let Claim::Acquired { token, .. } = store
+            .claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+            .await
+            .unwrap()
+        else {
+            panic!()
+        };
+        store
+            .complete(&k, token, Bytes::new(), Duration::from_millis(50))
+            .await
+            .unwrap();
+    }
+    for i in 0..5 {
+        store
+            .claim(
+                &key(&format!("ended-lease{i}")),
+                &Fingerprint::NONE,
+                Duration::from_millis(50),
+            )
+            .await
+            .unwrap();
+        store
+            .claim(
+                &key(&format!("live{i}")),
+                &Fingerprint::NONE,
+                Duration::from_secs(30),
+            )
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(store.purge_expired(7).await.unwrap(), 30);
+    let left: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", store.table()))
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, 5, "only the live claims are left");
+    assert_eq!(store.purge_expired(7).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn a_takeover_is_marked_recovered_and_tokens_grow() {
+    let Some(store) = fresh().await else { return };
+    let k = key("recover");
+    let Claim::Acquired { token: first, .. } = store
+        .claim(&k, &Fingerprint::NONE, Duration::from_millis(50))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    match store
+        .claim(&k, &Fingerprint::NONE, Duration::from_secs(5))
+        .await
+        .unwrap()
+    {
+        Claim::Acquired { token, recovered } => {
+            assert!(recovered);
+            assert!(
+                token > first,
+                "tokens come from a sequence: {first:?} then {token:?}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn connect_creates_the_table() {
+    let Some(url) = url() else { return };
+    // The default table, shared by every run: connect() migrates it (a no-op when present).
+    let store = idem_stores::connect(&url).await.unwrap();
+    let idem = Idem::builder().shared_store(store).build().unwrap();
+    let k = Key::new(
+        "postgres-tests.connect",
+        format!("{}-{}", std::process::id(), unix_secs()),
+    )
+    .unwrap();
+    let v: u32 = idem
+        .run(k.clone(), Fingerprint::NONE, || async { 7 })
+        .await
+        .unwrap();
+    assert_eq!(v, 7);
+    assert!(idem.forget(&k).await.unwrap());
+}
+
+#[tokio::test]
+async fn table_names_are_checked() {
+    let pool = PgPoolOptions::new()
+        .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+        .unwrap();
+    for bad in ["x; DROP TABLE y", "a\"b", "", "a.b.c", "1x", "x y"] {
+        let err = PostgresStore::new(pool.clone())
+            .with_table(bad)
+            .unwrap_err();
+        assert!(matches!(err, Error::Connect { .. }), "{bad:?}: {err:?}");
+    }
+    assert!(PostgresStore::new(pool)
+        .with_table("app.idem_records")
+        .is_ok());
+}
