@@ -8,12 +8,14 @@
 //! `#[diagnostic::on_unimplemented]` message, so that a type that cannot be stored or
 //! digested is reported once, in words about idem, at the user's own token.
 
+use std::future::Future;
 use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
 
 pub use crate::{Call, Error, Fingerprint, Idem, InProgress, Key};
 
+use crate::codec::Codec;
 use crate::key::ReadableKeyId;
 
 // ---------------------------------------------------------------------------------------
@@ -161,9 +163,8 @@ impl<T, E> Fallible for Result<T, E> {
 }
 
 // ---------------------------------------------------------------------------------------
-// Compile-time assertions. Their traits are blanket impls over the real bounds; rustc
-// reports the message of the trait named in the bound, and suppresses the engine's own
-// errors for the same type at the same token (they are implied by the supertraits).
+// Bounds with messages. Each trait is a blanket impl over the real bounds; rustc reports the
+// message of the trait named in the bound, at the token that names the type.
 
 /// A value usable as a key: strings, integers, or any `Serialize` value.
 #[diagnostic::on_unimplemented(
@@ -199,9 +200,6 @@ pub fn assert_arg<T: ArgValue + ?Sized>(_: &T) {}
 pub trait CachedValue: Serialize + DeserializeOwned {}
 impl<T: Serialize + DeserializeOwned> CachedValue for T {}
 
-/// Fails to compile, at the return type, unless the result can be stored.
-pub fn assert_result<T: CachedValue>() {}
-
 /// The error type of a fallible `#[idempotent]` fn.
 #[diagnostic::on_unimplemented(
     message = "the error type `{Self}` of an `#[idempotent]` fn must implement `From<idem::Error>`",
@@ -210,9 +208,6 @@ pub fn assert_result<T: CachedValue>() {}
 )]
 pub trait IdemErrorType: From<Error> {}
 impl<E: From<Error>> IdemErrorType for E {}
-
-/// Fails to compile, at the error type, unless it can carry an `idem::Error`.
-pub fn assert_error<E: IdemErrorType>() {}
 
 /// The error type of a function with `cache_errors`.
 #[diagnostic::on_unimplemented(
@@ -223,8 +218,81 @@ pub fn assert_error<E: IdemErrorType>() {}
 pub trait CachedErrorType: Serialize + DeserializeOwned + From<Error> {}
 impl<E: Serialize + DeserializeOwned + From<Error>> CachedErrorType for E {}
 
-/// Fails to compile, at the error type, unless the error can be stored.
-pub fn assert_cached_error<E: CachedErrorType>() {}
+// ---------------------------------------------------------------------------------------
+// The engine call. The macro names the result and error types by the user's own tokens in
+// the turbofish (`run::<Receipt, _, _, _>`), so a missing bound is reported at those
+// tokens, once, with the messages above.
+
+/// [`Call::run`] for a function that returns a value `T`.
+pub async fn run<T, C, F, Fut>(call: Call<'_, C>, body: F) -> Result<T, Error>
+where
+    T: CachedValue,
+    C: Codec,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = T>,
+{
+    call.run(body).await
+}
+
+/// [`Call::run_fallible`] for a function that returns `Result<T, E>`. The conversion of
+/// idem's own errors into `E` is passed in (`error_from::<E>`, whose bound is checked at
+/// the user's error type), so that this future's type carries no bound on `E`.
+pub async fn run_fallible<T, E, C, F, Fut>(
+    call: Call<'_, C>,
+    from_idem: fn(Error) -> E,
+    body: F,
+) -> Result<T, E>
+where
+    T: CachedValue,
+    C: Codec,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let out = call
+        .run_fallible(|| async move { body().await.map_err(Failure::Body) })
+        .await;
+    match out {
+        Ok(value) => Ok(value),
+        Err(Failure::Body(e)) => Err(e),
+        Err(Failure::Idem(e)) => Err(from_idem(e)),
+    }
+}
+
+/// An error of a fallible body, or of idem itself, before the latter becomes the body's type.
+pub enum Failure<E> {
+    /// The body's own error.
+    Body(E),
+    /// idem's error.
+    Idem(Error),
+}
+
+impl<E> From<Error> for Failure<E> {
+    fn from(e: Error) -> Self {
+        Failure::Idem(e)
+    }
+}
+
+/// `E::from` for idem's errors, with the bound that names what is missing.
+pub fn error_from<E: IdemErrorType>(e: Error) -> E {
+    E::from(e)
+}
+
+/// [`Call::run_caching_errors`] for a function with `cache_errors`.
+pub async fn run_caching_errors<T, E, C, P, F, Fut>(
+    call: Call<'_, C>,
+    cache_if: P,
+    body: F,
+) -> Result<T, E>
+where
+    T: CachedValue,
+    E: CachedErrorType,
+    C: Codec,
+    P: Fn(&E) -> bool,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    call.run_caching_errors(cache_if, body).await
+}
 
 #[cfg(test)]
 mod tests {

@@ -5,7 +5,7 @@
 //! `::core`, and its locals are `__idem_*` idents with mixed-site hygiene, so neither the
 //! user's imports nor the user's names can change what it means.
 
-use proc_macro2::{Span, TokenStream};
+use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
 use quote::{format_ident, quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::{Ident, ItemFn, ReturnType, Type};
@@ -57,15 +57,14 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
     let digest = local("__idem_args");
     let ret_local = local("__idem_ret");
 
-    // Compile-time checks on the stored types, at the user's own tokens. The engine call
-    // below names the same types by the same tokens, so rustc reports a missing bound
-    // once, with these messages.
-    let (checks, run) = match &checked.ret {
-        Ret::Value(ty) => (
-            quote!(#pr::assert_result::<#ty>();),
-            quote!(run::<#ty, _, _>),
-        ),
+    // The engine call names the stored types by the user's own tokens, so that a missing
+    // bound is reported there (see `__private::run`). The call and its `.await` carry the
+    // span of the result type too: awaiting re-checks the same bounds, and rustc reports an
+    // identical error at an identical span only once.
+    let (run, turbofish, from_idem, at) = match &checked.ret {
+        Ret::Value(ty) => (quote!(run), quote!(#ty, _, _, _), None, ty.span()),
         Ret::Result { full, ok, err } => {
+            let at = ok.as_ref().map_or(full.span(), |ty| ty.span());
             let ok = match ok {
                 Some(ty) => ty.to_token_stream(),
                 None => quote!(<#full as #pr::Fallible>::Ok),
@@ -76,13 +75,17 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
             };
             if args.cache_errors.is_some() {
                 (
-                    quote!(#pr::assert_result::<#ok>(); #pr::assert_cached_error::<#err>();),
-                    quote!(run_caching_errors::<#ok, #err, _, _, _>),
+                    quote!(run_caching_errors),
+                    quote!(#ok, #err, _, _, _, _),
+                    None,
+                    at,
                 )
             } else {
                 (
-                    quote!(#pr::assert_result::<#ok>(); #pr::assert_error::<#err>();),
-                    quote!(run_fallible::<#ok, #err, _, _>),
+                    quote!(run_fallible),
+                    quote!(#ok, #err, _, _, _),
+                    Some(quote!(#pr::error_from::<#err>,)),
+                    at,
                 )
             }
         }
@@ -90,8 +93,7 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
 
     let engine_init = match &args.store {
         Some(opt) => {
-            let expr = &opt.value;
-            let store = quote_spanned!(expr.span()=> &(#expr));
+            let store = spanned_ref(&opt.value);
             quote!(let #engine = #pr::engine(#store);)
         }
         None => quote!(let #engine = #pr::global();),
@@ -125,8 +127,7 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
     };
     let key_expr = match &args.key {
         Some(opt) => {
-            let expr = &opt.value;
-            let r = quote_spanned!(expr.span()=> &(#expr));
+            let r = spanned_ref(&opt.value);
             quote! {{
                 #pr::assert_key(#r);
                 #pr::key(#scope, (&&#pr::KeyIdProbe(#r)).__idem_key_id())
@@ -137,7 +138,8 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
     let fp_expr = match fingerprint {
         Some(FingerprintArg::None) => quote!(#pr::Fingerprint::NONE),
         Some(FingerprintArg::Expr(expr)) => {
-            quote_spanned!(expr.span()=> #pr::fingerprint_of(&(#expr)))
+            let r = spanned_ref(expr);
+            quote!(#pr::fingerprint_of(#r))
         }
         None => quote!(#pr::Fingerprint::of(&#digest)),
     };
@@ -183,8 +185,32 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
         Shape::Async => func.block.to_token_stream(),
         Shape::AsyncTrait { body } => body.to_token_stream(),
     };
+    let run_path = respan(quote!(#pr::#run), at);
+    let body = quote! {
+        move || async move {
+            // Fixes the block's type before the body is checked, so that `?` and
+            // `return` in the body know what they return.
+            if let ::core::option::Option::Some(#ret_local) = ::core::option::Option::None::<#body_ty> {
+                #[allow(unreachable_code)]
+                return #ret_local;
+            }
+            let #ret_local: #body_ty = #block;
+            #[allow(unreachable_code)]
+            #ret_local
+        }
+    };
+    let mut call_args = Group::new(
+        Delimiter::Parenthesis,
+        quote! {
+            #engine.call_checked(#key).fingerprint(#fp) #options,
+            #from_idem
+            #predicate
+            #body
+        },
+    );
+    call_args.set_span(at);
+    let engine_call = quote_spanned!(at=> #run_path::<#turbofish> #call_args .await);
     let call = quote! {
-        #checks
         #engine_init
         let (#key, #fp) = {
             #[allow(unused_imports)]
@@ -192,22 +218,7 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
             #arg_stmts
             (#key_expr, #fp_expr)
         };
-        #engine
-            .call_checked(#key)
-            .fingerprint(#fp)
-            #options
-            .#run(#predicate move || async move {
-                // Fixes the block's type before the body is checked, so that `?` and
-                // `return` in the body know what they return.
-                if let ::core::option::Option::Some(#ret_local) = ::core::option::Option::None::<#body_ty> {
-                    #[allow(unreachable_code)]
-                    return #ret_local;
-                }
-                let #ret_local: #body_ty = #block;
-                #[allow(unreachable_code)]
-                #ret_local
-            })
-            .await
+        #engine_call
     };
 
     match checked.shape {
@@ -231,6 +242,38 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
         }
     }
     func.into_token_stream()
+}
+
+/// `&(expr)` whose span covers the whole expression (from its first token to its last),
+/// so that an error about the value underlines all of it.
+fn spanned_ref(expr: &syn::Expr) -> TokenStream {
+    let tokens = expr.to_token_stream();
+    let first = expr.span();
+    let last = tokens
+        .clone()
+        .into_iter()
+        .last()
+        .map_or(first, |t| t.span());
+    let mut group = Group::new(Delimiter::Parenthesis, tokens);
+    group.set_span(last);
+    quote_spanned!(first=> & #group)
+}
+
+/// The same tokens, every one at `span`.
+fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut tt| {
+            if let TokenTree::Group(g) = &tt {
+                let mut group = Group::new(g.delimiter(), respan(g.stream(), span));
+                group.set_span(span);
+                tt = TokenTree::Group(group);
+            } else {
+                tt.set_span(span);
+            }
+            tt
+        })
+        .collect()
 }
 
 /// `(a, b, c,)`; more than 12 items nest in tuples of 12, since serde implements

@@ -167,12 +167,13 @@ fn unit() -> Type {
     syn::parse_quote!(())
 }
 
-/// `Result<..>` by its last path segment: `Result<T, E>`, `io::Result<T>`, `anyhow::Result<T>`.
+/// `Result<..>` by its last path segment: `Result<T, E>`, `io::Result<T>`, `anyhow::Result<T>`,
+/// and aliases named like one (`AppResult<T>`).
 fn classify(ty: &Type) -> Ret {
     if let Type::Path(p) = ty {
         if p.qself.is_none() {
             if let Some(last) = p.path.segments.last() {
-                if last.ident == "Result" {
+                if last.ident.to_string().ends_with("Result") {
                     if let PathArguments::AngleBracketed(generics) = &last.arguments {
                         let types: Vec<&Type> = generics
                             .args
