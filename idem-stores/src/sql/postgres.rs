@@ -1,7 +1,7 @@
 //! `PostgresStore`: records in one Postgres table, each store step one statement, time
 //! from the database's clock.
 //!
-//! The claim statement ([`claim_sql`]) reads the record first in a CTE and writes only when
+//! The claim statement (`claim_sql`) reads the record first in a CTE and writes only when
 //! no live record exists, so a replay is a plain indexed read: no row lock, no write, no WAL.
 //! When a concurrent claim commits the row after the statement's snapshot, the statement
 //! answers with no row; the store then runs it once more.
@@ -24,7 +24,7 @@ use super::{
 const BACKEND: &str = "postgres";
 
 /// The schema version this build creates and reads. Each later version adds one step to
-/// [`migration_steps`].
+/// `migration_steps`.
 pub const SCHEMA_VERSION: i32 = 1;
 
 /// Idempotency records in a Postgres table (default `idem_records`), on a sqlx [`PgPool`].

@@ -1,9 +1,9 @@
 //! `SqliteStore`: records in one SQLite table in a file, in WAL mode; the persistent store
 //! for a single process or a few on one machine.
 //!
-//! A claim reads the record first ([`Statements::read`], no write lock), so a replay never
+//! A claim reads the record first (`Statements::read`, no write lock), so a replay never
 //! waits for a writer. Only without a live record does it run the upsert
-//! ([`Statements::take`]), one statement that SQLite runs under its write lock and that
+//! (`Statements::take`), one statement that SQLite runs under its write lock and that
 //! inserts, or takes over an ended record, or, when another claim got there first, answers
 //! with no row, after which the claim reads again.
 
