@@ -60,6 +60,462 @@ pub use idem_core::{
 pub use idem_core::{async_trait, digest_hex, Bytes};
 pub use idem_stores::MemoryStore;
 
+/// Makes an `async fn` safe to retry: its body runs once per idempotency key, and every
+/// later call with that key gets the stored result instead of running it again.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU32, Ordering};
+/// use idem::idempotent;
+///
+/// static EMAILS_SENT: AtomicU32 = AtomicU32::new(0);
+///
+/// #[idempotent(key = user_id, ttl = "24h")]
+/// async fn send_welcome_email(user_id: u64, address: String) -> String {
+///     EMAILS_SENT.fetch_add(1, Ordering::SeqCst); // the side effect
+///     format!("message to {address}")
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem::Error> {
+/// let first = send_welcome_email(7, "ada@example.com".into()).await?;
+/// let retry = send_welcome_email(7, "ada@example.com".into()).await?; // replayed
+/// assert_eq!(first, retry);
+/// assert_eq!(EMAILS_SENT.load(Ordering::SeqCst), 1);
+/// # Ok(()) }
+/// ```
+///
+/// For each call the function derives a [`Key`] and a [`Fingerprint`] from its arguments,
+/// claims the key in the store, runs the body, stores the serialized result and returns
+/// it. A call whose key is already completed gets the stored result, decoded; one whose
+/// key is held by a running call gets [`Error::InProgress`] (or waits, with
+/// `in_progress = "wait"`); one whose key was first used with other arguments gets
+/// [`Error::KeyReuse`]. An `Err`, a panic or a dropped future releases the claim, so a
+/// retry runs the body again.
+///
+/// # Return types
+///
+/// - A function returning `Result<T, E>` keeps its signature. `T` is stored and replayed;
+///   an `Err` is returned as is and releases the key (unless `cache_errors` says to store
+///   it); idem's own failures become `E` through `From<idem::Error>`, which `E` must
+///   implement. A return type whose last path segment is named `Result` or ends in
+///   `Result` (`io::Result<T>`, `anyhow::Result<T>`, `AppResult<T>`) counts as a `Result`.
+/// - Any other return type `T` (including `()`) becomes `Result<T, idem::Error>`.
+/// - The stored type must be `Serialize + DeserializeOwned` (owned data, no `impl Trait`);
+///   the compile error says so at the return type.
+///
+/// ```
+/// use idem::idempotent;
+///
+/// #[derive(Debug)]
+/// enum PaymentError {
+///     Declined,
+///     Idem(idem::Error),
+/// }
+///
+/// impl From<idem::Error> for PaymentError {
+///     fn from(e: idem::Error) -> Self {
+///         PaymentError::Idem(e)
+///     }
+/// }
+///
+/// // Keeps its signature.
+/// #[idempotent]
+/// async fn charge(order_id: String, amount_cents: u64) -> Result<String, PaymentError> {
+///     if amount_cents == 0 {
+///         return Err(PaymentError::Declined); // not stored: a retry runs again
+///     }
+///     Ok(format!("receipt for {order_id}"))
+/// }
+///
+/// // Becomes `async fn count(...) -> Result<u64, idem::Error>`.
+/// #[idempotent]
+/// async fn count(items: Vec<u64>) -> u64 {
+///     items.iter().sum()
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # assert_eq!(charge("o-1".into(), 100).await.unwrap(), "receipt for o-1");
+/// # assert!(matches!(charge("o-2".into(), 0).await, Err(PaymentError::Declined)));
+/// # let n: Result<u64, idem::Error> = count(vec![1, 2]).await;
+/// # assert_eq!(n.unwrap(), 3);
+/// # }
+/// ```
+///
+/// # Keys and fingerprints
+///
+/// A key is a scope plus an id. The scope is the function's module path and name
+/// (`my_crate::billing::charge`), so two functions never share a key by accident. The id
+/// is the `key = <expr>` value: a string or an integer stays readable (`order-42`), any
+/// other `Serialize` value becomes a 128-bit digest. Without `key`, the id is the digest
+/// of every argument that is not skipped. The fingerprint, which tells a retry from a
+/// different request under the same key, is the digest of every argument that is not
+/// skipped. Receivers (`self`) are never part of either. Both are computed from the
+/// arguments as they were passed, before the body runs.
+///
+/// # Options
+///
+/// | option | value | default |
+/// |---|---|---|
+/// | `key` | any expression of the arguments: a string, an integer or a `Serialize` value | digest of the arguments |
+/// | `scope` | a string literal without `/` | module path and function name |
+/// | `store` | an expression of type `Idem`, `&Idem`, `Arc<Idem>` (anything that derefs to `Idem`) | the global engine ([`set_global`]) |
+/// | `ttl` | how long a result is kept: `"24h"` or a `Duration` expression | the engine's (24 hours) |
+/// | `lease` | how long a claim holds the key before another caller may take it over | the engine's (30 seconds) |
+/// | `in_progress` | `"reject"` or `"wait"`: what a duplicate does while the first call runs | the engine's (`"reject"`) |
+/// | `wait_timeout` | how long `"wait"` waits | the engine's (10 seconds) |
+/// | `fingerprint` | an expression to digest, or `none` | digest of the arguments |
+/// | `skip(a, b)` | arguments left out of the key and the fingerprint | none skipped |
+/// | `cache_errors` | alone: store every `Err`; `= <predicate>`: store the `Err`s for which `Fn(&E) -> bool` is true | no error stored |
+/// | `codec` | a [`Codec`] value for the stored result | the engine's (JSON) |
+/// | `crate` | the path of the `idem` crate, as a string, when it is renamed | `"::idem"` |
+///
+/// Durations are string literals, checked at compile time (a whole number and one of
+/// `ms`, `s`, `m`, `h`, `d`: `"250ms"`, `"30s"`, `"5m"`, `"24h"`, `"7d"`), or any
+/// expression of type `Duration`.
+///
+/// ## `key`
+///
+/// ```
+/// # use idem::idempotent;
+/// # #[derive(serde::Serialize)] struct ChargeRequest { order_id: String, amount_cents: u64 }
+/// // The id is "order-42": readable in the store, next to the scope.
+/// #[idempotent(key = req.order_id)]
+/// async fn charge(req: ChargeRequest) -> u64 {
+///     req.amount_cents
+/// }
+///
+/// // A tuple (or any `Serialize` value) is digested. A tuple's items are borrowed, so
+/// // the body still owns `tenant`.
+/// #[idempotent(key = (tenant, invoice_no))]
+/// async fn issue_invoice(tenant: String, invoice_no: u32, lines: Vec<String>) -> usize {
+///     lines.len()
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # let req = ChargeRequest { order_id: "order-42".into(), amount_cents: 5 };
+/// # assert_eq!(charge(req).await.unwrap(), 5);
+/// # let key = idem::Key::new(concat!(module_path!(), "::charge"), "order-42").unwrap();
+/// # assert!(idem::global().store().get(&key).await.unwrap().is_some());
+/// # assert_eq!(issue_invoice("t".into(), 1, vec![]).await.unwrap(), 0);
+/// # }
+/// ```
+///
+/// ## `scope`
+///
+/// ```
+/// # use idem::idempotent;
+/// // Keeps the keys when the function moves to another module or is renamed, and lets
+/// // two functions share keys on purpose.
+/// #[idempotent(key = order_id, scope = "billing::charge::v2")]
+/// async fn charge(order_id: String) -> bool {
+///     true
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # assert!(charge("o-1".into()).await.unwrap());
+/// # let key = idem::Key::new("billing::charge::v2", "o-1").unwrap();
+/// # assert!(idem::global().store().get(&key).await.unwrap().is_some());
+/// # }
+/// ```
+///
+/// ## `store`
+///
+/// ```
+/// use std::sync::Arc;
+/// use idem::{idempotent, Idem, MemoryStore};
+///
+/// struct Mailer {
+///     idem: Arc<Idem>,
+/// }
+///
+/// impl Mailer {
+///     // An expression evaluated on each call; it may use `self` and the arguments.
+///     #[idempotent(key = user_id, store = self.idem)]
+///     async fn send(&self, user_id: u64) -> String {
+///         format!("sent to {user_id}")
+///     }
+/// }
+///
+/// // An engine passed as an argument: skipped, since it is not part of the request.
+/// #[idempotent(key = user_id, store = idem, skip(idem))]
+/// async fn notify(idem: &Idem, user_id: u64) -> String {
+///     format!("notified {user_id}")
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let mailer = Mailer { idem: Arc::new(Idem::new(MemoryStore::new())) };
+/// assert_eq!(mailer.send(7).await.unwrap(), "sent to 7");
+/// assert_eq!(notify(&mailer.idem, 7).await.unwrap(), "notified 7");
+/// # }
+/// ```
+///
+/// Without `store`, the global engine is used: the one given to [`set_global`] at start-up,
+/// or else an in-memory one.
+///
+/// ## `ttl`, `lease`, `in_progress`, `wait_timeout`
+///
+/// ```
+/// # use idem::idempotent;
+/// use std::time::Duration;
+///
+/// const JOB_LEASE: Duration = Duration::from_secs(120);
+///
+/// #[idempotent(
+///     key = job_id,
+///     ttl = "7d",                // results are kept a week
+///     lease = JOB_LEASE,         // a crashed worker's claim is taken over after 2 minutes
+///     in_progress = "wait",      // a duplicate waits for the first run's result...
+///     wait_timeout = "30s",      // ...for up to 30 seconds, then gets Error::WaitTimeout
+/// )]
+/// async fn render_report(job_id: u64) -> Vec<u8> {
+///     vec![0; 16]
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() { assert_eq!(render_report(1).await.unwrap().len(), 16); }
+/// ```
+///
+/// ## `fingerprint`
+///
+/// ```
+/// # use idem::idempotent;
+/// // Only the amount and currency tell a retry from another request; the note may change.
+/// #[idempotent(key = order_id, fingerprint = (amount_cents, &currency))]
+/// async fn charge(order_id: String, amount_cents: u64, currency: String, note: String) -> u64 {
+///     amount_cents
+/// }
+///
+/// // No check at all: the first result answers every call with this key.
+/// #[idempotent(key = event_id, fingerprint = none)]
+/// async fn on_event(event_id: String, payload: Vec<u8>) -> usize {
+///     payload.len()
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # assert_eq!(charge("o-9".into(), 5, "EUR".into(), "a".into()).await.unwrap(), 5);
+/// # assert_eq!(charge("o-9".into(), 5, "EUR".into(), "b".into()).await.unwrap(), 5);
+/// # assert!(matches!(charge("o-9".into(), 6, "EUR".into(), "a".into()).await, Err(idem::Error::KeyReuse { .. })));
+/// # assert_eq!(on_event("e-1".into(), vec![1]).await.unwrap(), 1);
+/// # assert_eq!(on_event("e-1".into(), vec![1, 2]).await.unwrap(), 1);
+/// # }
+/// ```
+///
+/// ## `skip`
+///
+/// ```
+/// # use idem::idempotent;
+/// pub struct HttpClient;
+///
+/// // A client, a connection or a trace id is not part of the request: skip it, as in
+/// // `tracing::instrument`. An argument that is not `Serialize` must be skipped.
+/// #[idempotent(skip(client, trace_id))]
+/// async fn fetch_rates(client: &HttpClient, trace_id: u128, currency: String) -> f64 {
+///     1.0
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() { assert_eq!(fetch_rates(&HttpClient, 1, "EUR".into()).await.unwrap(), 1.0); }
+/// ```
+///
+/// ## `cache_errors`
+///
+/// ```
+/// # use idem::idempotent;
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Debug, Serialize, Deserialize)]
+/// enum PaymentError {
+///     Declined { reason: String },
+///     GatewayTimeout,
+///     Idem(String),
+/// }
+///
+/// impl From<idem::Error> for PaymentError {
+///     fn from(e: idem::Error) -> Self {
+///         PaymentError::Idem(e.to_string())
+///     }
+/// }
+///
+/// // A declined card stays declined for this order: the error is stored and replayed.
+/// // A gateway timeout is not: it releases the key, and a retry charges again.
+/// #[idempotent(key = order_id, cache_errors = |e| matches!(e, PaymentError::Declined { .. }))]
+/// async fn charge(order_id: String, amount_cents: u64) -> Result<String, PaymentError> {
+///     Err(PaymentError::Declined { reason: "insufficient funds".into() })
+/// }
+///
+/// // Alone, `cache_errors` stores every `Err`.
+/// #[idempotent(key = order_id, cache_errors)]
+/// async fn validate(order_id: String) -> Result<(), PaymentError> {
+///     Ok(())
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # assert!(matches!(charge("o-1".into(), 5).await, Err(PaymentError::Declined { .. })));
+/// # validate("o-1".into()).await.unwrap();
+/// # }
+/// ```
+///
+/// With `cache_errors`, `E` must be `Serialize + DeserializeOwned` as well.
+///
+/// ## `codec`
+///
+/// ```
+/// # use idem::idempotent;
+/// // Any `idem::Codec`; JSON is the default. With the `postcard` feature,
+/// // `codec = idem::codec::Postcard` stores compact bytes.
+/// #[idempotent(key = id, codec = idem::Json)]
+/// async fn lookup(id: u64) -> Vec<u64> {
+///     vec![id]
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() { assert_eq!(lookup(3).await.unwrap(), vec![3]); }
+/// ```
+///
+/// ## `crate`
+///
+/// ```
+/// // As with `payments_idem = { package = "idem", ... }` in Cargo.toml:
+/// use ::idem as payments_idem;
+///
+/// #[payments_idem::idempotent(key = id, crate = "payments_idem")]
+/// async fn lookup(id: u64) -> u64 {
+///     id
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() { assert_eq!(lookup(3).await.unwrap(), 3); }
+/// ```
+///
+/// # Methods, generics, patterns, `#[async_trait]`
+///
+/// The attribute works on free functions and methods (`&self`, `&mut self`,
+/// `self: Arc<Self>`), generic functions with where-clauses, `impl Trait` arguments and
+/// destructuring argument patterns (each binding is digested and can be skipped). The
+/// signature, attributes, docs and visibility are kept; only the body is rewritten.
+///
+/// In an `#[async_trait]` impl, put `#[async_trait]` on the impl and `#[idempotent]` on the
+/// method, as below: `#[async_trait]` expands first, and `#[idempotent]` then rewrites the
+/// boxed future it produced. The trait's signature cannot change, so such a method must
+/// return `Result<T, E>` with `E: From<idem::Error>`. In an impl of a trait with native
+/// `async fn`, the same holds.
+///
+/// ```
+/// use idem::{async_trait, idempotent, Idem, MemoryStore};
+///
+/// #[async_trait]
+/// trait Payments {
+///     async fn charge(&self, order_id: String, amount_cents: u64) -> Result<u64, idem::Error>;
+/// }
+///
+/// struct Service {
+///     idem: Idem,
+/// }
+///
+/// #[async_trait]
+/// impl Payments for Service {
+///     #[idempotent(key = order_id, store = self.idem)]
+///     async fn charge(&self, order_id: String, amount_cents: u64) -> Result<u64, idem::Error> {
+///         Ok(amount_cents)
+///     }
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # let s = Service { idem: Idem::new(MemoryStore::new()) };
+/// # assert_eq!(s.charge("o".into(), 1).await.unwrap(), 1);
+/// # }
+/// ```
+///
+/// With another attribute that rewrites the body, such as `#[tracing::instrument]`, put
+/// `#[idempotent]` first (above it): the span then covers the store round trips too.
+///
+/// # What it expands to
+///
+/// This function:
+///
+/// ```
+/// # use idem::idempotent;
+/// # #[derive(Debug, serde::Serialize, serde::Deserialize)] pub struct Receipt;
+/// # #[derive(Debug)] pub struct PaymentError;
+/// # impl From<idem::Error> for PaymentError { fn from(_: idem::Error) -> Self { PaymentError } }
+/// # #[derive(serde::Serialize)] pub struct ChargeRequest { order_id: String }
+/// # pub struct Gateway;
+/// # impl Gateway { async fn charge(&self, _: &ChargeRequest) -> Result<Receipt, PaymentError> { Ok(Receipt) } }
+/// pub struct Payments {
+///     idem: idem::Idem,
+///     gateway: Gateway,
+/// }
+///
+/// impl Payments {
+///     #[idempotent(key = req.order_id, store = self.idem, ttl = "24h")]
+///     pub async fn charge(&self, req: ChargeRequest) -> Result<Receipt, PaymentError> {
+///         self.gateway.charge(&req).await
+///     }
+/// }
+/// ```
+///
+/// is, written by hand with the public API (the expansion itself goes through hidden
+/// helpers in `idem::__private`, which add the compile-time messages):
+///
+/// ```
+/// # #[derive(Debug, serde::Serialize, serde::Deserialize)] pub struct Receipt;
+/// # #[derive(Debug)] pub struct PaymentError;
+/// # impl From<idem::Error> for PaymentError { fn from(_: idem::Error) -> Self { PaymentError } }
+/// # #[derive(serde::Serialize)] pub struct ChargeRequest { order_id: String }
+/// # pub struct Gateway;
+/// # impl Gateway { async fn charge(&self, _: &ChargeRequest) -> Result<Receipt, PaymentError> { Ok(Receipt) } }
+/// # pub struct Payments { idem: idem::Idem, gateway: Gateway }
+/// use std::time::Duration;
+/// use idem::{Fingerprint, Idem, Key};
+///
+/// impl Payments {
+///     pub async fn charge(&self, req: ChargeRequest) -> Result<Receipt, PaymentError> {
+///         // `store = self.idem`: any expression that derefs to an `Idem`.
+///         let engine: Idem = self.idem.clone();
+///         // Key and fingerprint come first, from the arguments as passed.
+///         // `key = req.order_id`: a string stays readable; the scope is the function's path.
+///         let key = Key::new(concat!(module_path!(), "::", "charge"), &req.order_id);
+///         // The fingerprint digests every argument that is not skipped (`self` never is).
+///         let fingerprint = Fingerprint::of(&(&req,));
+///         engine
+///             .call_checked(key) // an invalid key is returned as an error, before the store
+///             .fingerprint(fingerprint)
+///             .ttl(Duration::from_millis(86_400_000)) // "24h", checked at compile time
+///             // A `Result` body: `Ok` is stored, `Err` releases the key, and idem's own
+///             // errors become `PaymentError` through `From<idem::Error>`.
+///             .run_fallible(move || async move { self.gateway.charge(&req).await })
+///             .await
+///     }
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # let p = Payments { idem: idem::Idem::new(idem::MemoryStore::new()), gateway: Gateway };
+/// # p.charge(ChargeRequest { order_id: "o".into() }).await.unwrap();
+/// # }
+/// ```
+///
+/// A function that returns a plain `T` calls `.run(...)` instead and returns
+/// `Result<T, idem::Error>`; `cache_errors` calls `.run_caching_errors(predicate, ...)`.
+///
+/// # Compile errors
+///
+/// Mistakes are reported at the offending token: an unknown option (with the list of
+/// valid ones), a duplicated option, a bad duration literal, an unknown `in_progress`
+/// value, a `skip` that names no argument, `cache_errors` on a function without a
+/// `Result`, a function that is not `async` (or is `const` or `extern`), a result type
+/// that cannot be stored (at the return type), a key that cannot be a key (at the key
+/// expression), an argument that cannot be digested (at the argument, suggesting `skip`).
+/// The function is still emitted unchanged beside the error, so the rest of the crate
+/// keeps compiling.
+///
+/// ```compile_fail
+/// use idem::idempotent;
+///
+/// pub struct Connection;
+///
+/// // error: argument of type `&Connection` is not `Serialize`, so it cannot be part of
+/// // the idempotency key and fingerprint; leave it out with `skip(conn)`.
+/// #[idempotent]
+/// async fn insert(conn: &Connection, row: String) -> u64 {
+///     1
+/// }
+/// ```
 #[doc(inline)]
 pub use idem_macros::idempotent;
 

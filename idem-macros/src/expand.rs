@@ -246,8 +246,22 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
 
 /// `&(expr)` whose span covers the whole expression (from its first token to its last),
 /// so that an error about the value underlines all of it.
+///
+/// The items of a tuple are borrowed (`(a, b)` digests as `(&a, &b)`, which serializes the
+/// same), so that `key = (tenant, invoice_no)` does not move the arguments the body needs.
 fn spanned_ref(expr: &syn::Expr) -> TokenStream {
-    let tokens = expr.to_token_stream();
+    let tokens = match expr {
+        syn::Expr::Tuple(tuple) => {
+            let items = tuple.elems.iter().map(|item| {
+                let r = spanned_ref(item);
+                quote!(#r,)
+            });
+            let mut group = Group::new(Delimiter::Parenthesis, quote!(#(#items)*));
+            group.set_span(tuple.paren_token.span.join());
+            group.into_token_stream()
+        }
+        _ => expr.to_token_stream(),
+    };
     let first = expr.span();
     let last = tokens
         .clone()
