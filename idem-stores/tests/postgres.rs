@@ -747,3 +747,74 @@ async fn table_names_are_checked() {
         .with_table("app.idem_records")
         .is_ok());
 }
+
+/// A replay reads: it answers while another transaction holds the record's row lock, and
+/// it leaves the row as it was (same row version).
+#[tokio::test]
+async fn a_replay_takes_no_row_lock_and_writes_nothing() {
+    let Some(store) = fresh().await else { return };
+    let k = key("replay-reads");
+    let Claim::Acquired { token, .. } = store
+        .claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    store
+        .complete(&k, token, Bytes::from_static(b"v"), Duration::from_secs(60))
+        .await
+        .unwrap();
+    let held = key("held-elsewhere");
+    store
+        .claim(&held, &Fingerprint::NONE, Duration::from_secs(30))
+        .await
+        .unwrap();
+
+    let version = |k: Key| {
+        let (pool, table) = (store.pool().clone(), store.table());
+        async move {
+            sqlx::query_scalar::<_, String>(&format!(
+                "SELECT ctid::text || '/' || xmin::text FROM {table} WHERE key = $1"
+            ))
+            .bind(k.as_str())
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let before = (version(k.clone()).await, version(held.clone()).await);
+
+    let mut locker = store.pool().begin().await.unwrap();
+    sqlx::query(&format!(
+        "SELECT 1 FROM {} WHERE key = ANY($1) FOR UPDATE",
+        store.table()
+    ))
+    .bind(vec![k.as_str().to_owned(), held.as_str().to_owned()])
+    .execute(&mut *locker)
+    .await
+    .unwrap();
+    let replay = tokio::time::timeout(
+        Duration::from_secs(3),
+        store.claim(&k, &Fingerprint::NONE, Duration::from_secs(30)),
+    )
+    .await
+    .expect("a replay waited for a row lock")
+    .unwrap();
+    assert!(matches!(replay, Claim::Completed { .. }), "{replay:?}");
+    let busy = tokio::time::timeout(
+        Duration::from_secs(3),
+        store.claim(&held, &Fingerprint::NONE, Duration::from_secs(30)),
+    )
+    .await
+    .expect("an in-progress answer waited for a row lock")
+    .unwrap();
+    assert!(matches!(busy, Claim::InProgress { .. }), "{busy:?}");
+    locker.rollback().await.unwrap();
+
+    assert_eq!(
+        (version(k).await, version(held).await),
+        before,
+        "a replay rewrote the row"
+    );
+}

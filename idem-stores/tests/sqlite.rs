@@ -520,3 +520,37 @@ async fn table_names_are_checked() {
         assert!(matches!(err, Error::Connect { .. }), "{bad:?}: {err:?}");
     }
 }
+
+/// A replay is a read: it answers while another connection holds the write lock.
+#[tokio::test]
+async fn a_replay_does_not_wait_for_a_writer() {
+    let s = fresh().await;
+    let k = key("replay-reads");
+    let Claim::Acquired { token, .. } = s
+        .claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    s.complete(&k, token, Bytes::from_static(b"v"), Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut writer = s.store.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
+    sqlx::query(&format!(
+        "UPDATE {} SET token = token WHERE key = 'other'",
+        s.store.table()
+    ))
+    .execute(&mut *writer)
+    .await
+    .unwrap();
+    let replay = tokio::time::timeout(
+        Duration::from_secs(2),
+        s.claim(&k, &Fingerprint::NONE, Duration::from_secs(30)),
+    )
+    .await
+    .expect("a replay waited for the writer")
+    .unwrap();
+    assert!(matches!(replay, Claim::Completed { .. }), "{replay:?}");
+    writer.rollback().await.unwrap();
+}
