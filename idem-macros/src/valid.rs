@@ -16,7 +16,7 @@ pub enum Shape {
     Async,
     /// A method already rewritten by `#[async_trait]`: the body is the block of the
     /// `Box::pin(async move { ... })` it returns, and the signature belongs to the trait.
-    AsyncTrait { body: Block },
+    AsyncTrait { body: Box<Block> },
 }
 
 /// What the function returns, as the engine sees it.
@@ -26,9 +26,9 @@ pub enum Ret {
     /// `Result<T, E>` (or an alias such as `io::Result<T>`, whose parts are then named by
     /// projection): the signature is kept.
     Result {
-        full: Type,
-        ok: Option<Type>,
-        err: Option<Type>,
+        full: Box<Type>,
+        ok: Option<Box<Type>>,
+        err: Option<Box<Type>>,
     },
 }
 
@@ -186,15 +186,15 @@ fn classify(ty: &Type) -> Ret {
                         match types.as_slice() {
                             [ok, err] => {
                                 return Ret::Result {
-                                    full: ty.clone(),
-                                    ok: Some((*ok).clone()),
-                                    err: Some((*err).clone()),
+                                    full: Box::new(ty.clone()),
+                                    ok: Some(Box::new((*ok).clone())),
+                                    err: Some(Box::new((*err).clone())),
                                 }
                             }
                             [ok] => {
                                 return Ret::Result {
-                                    full: ty.clone(),
-                                    ok: Some((*ok).clone()),
+                                    full: Box::new(ty.clone()),
+                                    ok: Some(Box::new((*ok).clone())),
                                     err: None,
                                 }
                             }
@@ -257,7 +257,7 @@ fn bindings(pat: &Pat, out: &mut Vec<Ident>) {
 
 /// The block of `Box::pin(async move { ... })` when that is the whole body: the shape
 /// `#[async_trait]` gives a method before this attribute sees it.
-fn async_trait_body(block: &Block) -> Option<Block> {
+fn async_trait_body(block: &Block) -> Option<Box<Block>> {
     let [Stmt::Expr(Expr::Call(call), None)] = block.stmts.as_slice() else {
         return None;
     };
@@ -274,7 +274,7 @@ fn async_trait_body(block: &Block) -> Option<Block> {
         return None;
     }
     match call.args.first() {
-        Some(Expr::Async(inner)) if inner.capture.is_some() => Some(inner.block.clone()),
+        Some(Expr::Async(inner)) if inner.capture.is_some() => Some(Box::new(inner.block.clone())),
         _ => None,
     }
 }
