@@ -285,20 +285,24 @@ async fn scripts_load_again_after_the_server_forgets_them() {
 
 // --- faults ---------------------------------------------------------------------------
 
+/// The caller sees `Error::Store` with a temporary source: `Unavailable` carrying the
+/// client's error (a refused or dropped connection), or `Timeout`.
 fn assert_store_error(res: Result<String, Error>, what: &str) {
     match res {
         Err(Error::Store { key, source }) => {
-            assert!(
-                source.is_temporary(),
-                "{what}: a dead server is a temporary failure, got {source:?}"
-            );
-            if let StoreError::Unavailable { .. } = &source {
-                assert!(
-                    std::error::Error::source(&source).is_some(),
-                    "{what}: the client's error is kept as the source"
-                );
-            }
             assert!(!key.as_str().is_empty());
+            match &source {
+                StoreError::Unavailable { .. } => {
+                    let client = std::error::Error::source(&source)
+                        .expect("the client's error is kept as the source");
+                    assert!(
+                        client.downcast_ref::<::redis::RedisError>().is_some(),
+                        "{what}: the source is the redis client's error, not a string: {client:?}"
+                    );
+                }
+                StoreError::Timeout { .. } => {}
+                other => panic!("{what}: a dead server is a temporary failure, got {other:?}"),
+            }
         }
         other => panic!("{what}: expected Error::Store, got {other:?}"),
     }
@@ -423,7 +427,10 @@ async fn dropped_connections_reconnect() {
             match store.get(&k).await {
                 Ok(_) => break,
                 Err(e) => {
-                    assert!(e.is_temporary(), "a dropped connection is temporary: {e:?}");
+                    assert!(
+                        matches!(e, StoreError::Unavailable { .. }),
+                        "round {round}: a dropped connection is Unavailable: {e:?}"
+                    );
                     failures += 1;
                     assert!(Instant::now() < deadline, "no reconnection within 10s");
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -835,6 +842,68 @@ async fn connect_by_url_and_from_a_connection_manager() {
         Claim::InProgress { .. }
     ));
     assert!(format!("{mine:?}").contains("standalone"));
+}
+
+#[tokio::test]
+async fn a_full_noeviction_server_refuses_new_claims_and_still_replays() {
+    let Some(server) = PrivateRedis::start(&["--maxmemory-policy", "noeviction"]) else {
+        return;
+    };
+    let idem = Idem::new(RedisStore::open(&server.url()).await.unwrap());
+    let stored = key("oom", "stored");
+    let v: String = idem
+        .run(stored.clone(), Fingerprint::NONE, || async {
+            "kept".to_string()
+        })
+        .await
+        .unwrap();
+    assert_eq!(v, "kept");
+    // Data well past the limit: a server that is over maxmemory with nothing to evict.
+    let mut admin = admin(&server.url()).await;
+    let filler = vec![b'x'; 1024];
+    for i in 0..2000 {
+        let () = ::redis::cmd("SET")
+            .arg(format!("filler{i}"))
+            .arg(&filler[..])
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+    }
+    let () = ::redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1mb")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let refused: Result<(), ::redis::RedisError> = ::redis::cmd("SET")
+        .arg("one-more")
+        .arg("x")
+        .query_async(&mut admin)
+        .await;
+    assert!(refused.is_err(), "the server is not full");
+    let runs = AtomicU32::new(0);
+    let res = idem
+        .run(key("oom", "new"), Fingerprint::NONE, || async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            "ran".to_string()
+        })
+        .await;
+    match res {
+        Err(Error::Store {
+            source: StoreError::Backend { source, .. },
+            ..
+        }) => {
+            assert!(source.to_string().contains("OOM"), "{source}");
+        }
+        other => panic!("expected Error::Store from a full server, got {other:?}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "a body ran without a claim");
+    let replay: String = idem
+        .run(stored, Fingerprint::NONE, || async { "again".to_string() })
+        .await
+        .unwrap();
+    assert_eq!(replay, "kept", "a full server still answers replays");
 }
 
 /// Captures the `idem` warnings of one test.
