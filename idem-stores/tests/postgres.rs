@@ -255,6 +255,18 @@ fn through(url: &str, port: u16) -> String {
     format!("{scheme}://{user}127.0.0.1:{port}{path}{sep}sslmode=disable")
 }
 
+/// Waits until every connection is back in the pool, which sqlx does only after its check
+/// of the connection has answered: then every exchange so far is in the proxy's log.
+async fn settle(pool: &PgPool) {
+    for _ in 0..500 {
+        if pool.num_idle() == pool.size() as usize {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+}
+
 fn count(log: &[Exchange], e: Exchange) -> usize {
     log.iter().filter(|x| **x == e).count()
 }
@@ -272,7 +284,6 @@ async fn round_trips_first_call_two_replay_one() {
     let schema = fresh_schema(&pool(&url, 1).await).await;
     let table = format!("{schema}.idem_records");
 
-    let settle = || tokio::time::sleep(Duration::from_millis(200));
     async fn call(idem: &Idem, id: &'static str) -> String {
         idem.run(key(id), Fingerprint::NONE, || async {
             // Lets the pool's background check of the claim's connection pass first.
@@ -291,14 +302,15 @@ async fn round_trips_first_call_two_replay_one() {
         .with_table(&table)
         .unwrap();
     store.migrate().await.unwrap();
+    let pool = store.pool().clone();
     let idem = Idem::new(store);
-    settle().await;
+    settle(&pool).await;
     proxy.take();
     call(&idem, "a").await;
-    settle().await;
+    settle(&pool).await;
     let first = proxy.take();
     call(&idem, "a").await;
-    settle().await;
+    settle(&pool).await;
     let replay = proxy.take();
     eprintln!("PostgresStore::connect: first call {first:?}, replay {replay:?}");
     assert_eq!(
@@ -330,16 +342,17 @@ async fn round_trips_first_call_two_replay_one() {
         .connect(&through(&url, proxy.port))
         .await
         .unwrap();
+    let pool = one.clone();
     let idem = Idem::new(PostgresStore::new(one).with_table(&table).unwrap());
     call(&idem, "warm").await;
     call(&idem, "warm").await;
-    settle().await;
+    settle(&pool).await;
     proxy.take();
     call(&idem, "b").await;
-    settle().await;
+    settle(&pool).await;
     let first = proxy.take();
     call(&idem, "b").await;
-    settle().await;
+    settle(&pool).await;
     let replay = proxy.take();
     eprintln!("one warm connection: first call {first:?}, replay {replay:?}");
     use Exchange::{Ping, Statement};
@@ -356,12 +369,13 @@ async fn round_trips_first_call_two_replay_one() {
         .connect(&through(&url, proxy.port))
         .await
         .unwrap();
+    let pool = default_pool.clone();
     let idem = Idem::new(PostgresStore::new(default_pool).with_table(&table).unwrap());
     call(&idem, "warm").await;
-    settle().await;
+    settle(&pool).await;
     proxy.take();
     call(&idem, "b").await;
-    settle().await;
+    settle(&pool).await;
     let replay = proxy.take();
     eprintln!("replay on a pool with sqlx's default test_before_acquire: {replay:?}");
     assert_eq!(replay, [Ping, Statement, Ping]);
