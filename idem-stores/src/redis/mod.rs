@@ -19,8 +19,8 @@
 //! ```
 //!
 //! A connection you already have works too: [`RedisStore::from_connection_manager`] takes a
-//! [`ConnectionManager`](redis::aio::ConnectionManager) and
-//! [`RedisStore::from_cluster_connection`] a cluster connection.
+//! [`ConnectionManager`] and
+//! `RedisStore::from_cluster_connection` (feature `redis-cluster`) a cluster connection.
 //!
 //! # One script per step
 //!
@@ -115,7 +115,7 @@ const BACKEND: &str = "redis";
 /// A [`Store`] in Redis or Redis Cluster. Cheap to clone: clones share the connection.
 ///
 /// Build it with [`RedisStore::open`], [`RedisStore::builder`],
-/// [`RedisStore::from_connection_manager`] or [`RedisStore::from_cluster_connection`]. See
+/// [`RedisStore::from_connection_manager`] or `RedisStore::from_cluster_connection`. See
 /// the [module docs](self) for the scripts, the record layout and how keys are named.
 #[derive(Clone)]
 pub struct RedisStore {
