@@ -10,7 +10,7 @@
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::testing::{backend_url, unique_scope};
@@ -189,4 +189,73 @@ async fn callers_on_several_cluster_connections_run_the_body_once() {
             "key {k}: the body ran more than once"
         );
     }
+}
+
+/// Collects the text of every warning while it is the thread's subscriber.
+#[derive(Clone, Default)]
+struct Warnings(Arc<Mutex<Vec<String>>>);
+
+impl tracing::Subscriber for Warnings {
+    fn enabled(&self, meta: &tracing::Metadata<'_>) -> bool {
+        *meta.level() <= tracing::Level::WARN
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Text(String);
+        impl tracing::field::Visit for Text {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!("{}={:?} ", field.name(), value));
+            }
+        }
+        let mut text = Text(String::new());
+        event.record(&mut text);
+        self.0.lock().unwrap().push(text.0);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// The eviction check reads every primary's `INFO memory` (the cluster client answers with
+/// a map of node -> text) and names the node whose policy can evict.
+#[tokio::test(flavor = "current_thread")]
+async fn a_node_that_can_evict_is_named_at_connect() {
+    let Some(spec) = backend_url(CLUSTER_VAR) else {
+        return;
+    };
+    let node = nodes(&spec)[0].clone();
+    let mut one = ::redis::Client::open(node.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let set_policy = |policy: &'static str| {
+        let mut cmd = ::redis::cmd("CONFIG");
+        cmd.arg("SET").arg("maxmemory-policy").arg(policy);
+        cmd
+    };
+    // maxmemory stays 0, so nothing is evicted while the policy reads volatile-ttl.
+    let () = set_policy("volatile-ttl")
+        .query_async(&mut one)
+        .await
+        .unwrap();
+    let warnings = Warnings::default();
+    let guard = tracing::subscriber::set_default(warnings.clone());
+    let connected = RedisStore::builder().open_cluster(nodes(&spec)).await;
+    drop(guard);
+    let () = set_policy("noeviction")
+        .query_async(&mut one)
+        .await
+        .unwrap();
+    connected.unwrap();
+    let seen = warnings.0.lock().unwrap().clone();
+    let port = node.rsplit(':').next().unwrap().to_string();
+    assert_eq!(seen.len(), 1, "one node can evict: {seen:?}");
+    assert!(
+        seen[0].contains("volatile-ttl") && seen[0].contains(&port),
+        "the warning names the policy and the node: {seen:?}"
+    );
 }
