@@ -19,6 +19,8 @@ struct Faulty {
     completes: AtomicU32,
     fail_claims: AtomicBool,
     fail_completes: AtomicU32,
+    /// Completes that are stored, but whose answer is lost on the way back.
+    lose_complete_answers: AtomicU32,
 }
 
 fn unavailable() -> StoreError {
@@ -48,7 +50,15 @@ impl Store for Faulty {
         {
             return Err(unavailable());
         }
-        self.inner.complete(key, token, payload, ttl).await
+        self.inner.complete(key, token, payload, ttl).await?;
+        if self
+            .lose_complete_answers
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(unavailable());
+        }
+        Ok(())
     }
     async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
@@ -405,6 +415,25 @@ async fn a_failed_complete_is_retried() {
     let out = idem.run(key("dead"), Fingerprint::NONE, || async { 3u8 }).await;
     assert!(matches!(out, Err(Error::Store { .. })), "{out:?}");
     assert_eq!(store.completes.load(Ordering::SeqCst), 2 + 3, "bounded: three attempts");
+}
+
+#[tokio::test]
+async fn a_complete_whose_answer_was_lost_is_not_a_lost_lease() {
+    let (store, idem) = setup();
+    store.lose_complete_answers.store(1, Ordering::SeqCst);
+    let runs = AtomicU32::new(0);
+    let v: u8 = idem
+        .run(key("lost-answer"), Fingerprint::NONE, || async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            8
+        })
+        .await
+        .unwrap();
+    assert_eq!(v, 8);
+    assert_eq!(store.completes.load(Ordering::SeqCst), 2, "stored, answer lost, retried and fenced");
+    let replay: u8 = idem.run(key("lost-answer"), Fingerprint::NONE, || async { 9 }).await.unwrap();
+    assert_eq!(replay, 8);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]

@@ -15,7 +15,7 @@ use crate::codec::{BuiltinCodec, Codec};
 use crate::envelope::{self, Kind};
 use crate::error::{BoxError, DecodeError, Error, StoreError};
 use crate::key::Key;
-use crate::store::{Claim, Fingerprint, Store, Token};
+use crate::store::{Claim, Fingerprint, Record, Store, Token};
 
 /// The default time a stored result lives: 24 hours.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
@@ -478,6 +478,11 @@ impl<'a, C: Codec> Call<'a, C> {
                 Ok(()) => break,
                 Err(StoreError::Fenced) => {
                     guard.disarm();
+                    // A retried complete is fenced when the first attempt was stored but
+                    // its answer was lost: then the record holds exactly our bytes.
+                    if attempt > 1 && stored_ours(store, &key, &sealed).await {
+                        break;
+                    }
                     tracing::warn!(target: "idem", key = %key, token = %token,
                         "lease lost before the result was stored");
                     return Err(Error::LeaseLost { key });
@@ -518,6 +523,14 @@ fn store_error(key: &Key, source: StoreError) -> Error {
             source,
         },
     }
+}
+
+/// Whether the record under `key` is a completed one holding exactly `sealed`.
+async fn stored_ours(store: &dyn Store, key: &Key, sealed: &Bytes) -> bool {
+    matches!(
+        store.get(key).await,
+        Ok(Some(Record::Completed { payload, .. })) if payload == *sealed
+    )
 }
 
 fn decode<C: Codec, T: DeserializeOwned, E, P: ErrorPolicy<E>>(
