@@ -28,7 +28,9 @@
 //! touches one key, run with `EVALSHA` (and loaded again if the server answers `NOSCRIPT`).
 //! Redis runs a script atomically, so concurrent claims of one key have exactly one winner;
 //! and a script that names a single key is valid in Redis Cluster whatever slot that key
-//! hashes to. The scripts are in `scripts.rs`, one constant per step.
+//! hashes to. The scripts are in `scripts.rs`, one constant per step. They need Redis 5 or
+//! later (or a compatible server), where scripts replicate their effects and so may read
+//! `TIME` before they write.
 //!
 //! Round trips: a first call costs two (the claim script, then the complete script) and a
 //! replay one (the claim script answers with the stored result). The scripts are loaded
