@@ -1,14 +1,15 @@
 use idem::idempotent;
 
-#[derive(Debug)]
+// Deserialize only: see result-not-serialize.rs.
+#[derive(Debug, serde::Deserialize)]
 pub enum PaymentError {
     Declined,
-    Idem(idem::Error),
+    Idem(String),
 }
 
 impl From<idem::Error> for PaymentError {
     fn from(e: idem::Error) -> Self {
-        PaymentError::Idem(e)
+        PaymentError::Idem(e.to_string())
     }
 }
 

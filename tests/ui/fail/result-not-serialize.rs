@@ -1,5 +1,9 @@
 use idem::idempotent;
 
+// Deserialize only: the missing `Serialize` is what the error names. (A missing
+// `Deserialize` is reported the same way, but rustc then lists `Deserialize` impls, and
+// that list depends on which serde features the other dependencies turn on.)
+#[derive(serde::Deserialize)]
 pub struct Receipt {
     pub amount: u64,
 }

@@ -1,5 +1,7 @@
 use idem::idempotent;
 
+// Deserialize only: see result-not-serialize.rs.
+#[derive(serde::Deserialize)]
 pub struct Receipt {
     pub amount: u64,
 }
