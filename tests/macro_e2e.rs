@@ -636,3 +636,50 @@ async fn destructured_arguments_are_digested_by_their_bindings() {
     );
     assert_eq!(runs(&calls), 2);
 }
+
+// --- #[async_trait] ---------------------------------------------------------------------------
+
+#[idem::async_trait]
+trait Ledger {
+    async fn post(&self, entry_id: String, cents: i64) -> Result<i64, Error>;
+}
+
+struct SharedLedger {
+    idem: Arc<Idem>,
+    posted: AtomicU32,
+}
+
+#[idem::async_trait]
+impl Ledger for SharedLedger {
+    // `#[async_trait]` on the impl expands first; `#[idempotent]` then wraps its future.
+    #[idempotent(key = entry_id, store = self.idem, in_progress = "wait")]
+    async fn post(&self, entry_id: String, cents: i64) -> Result<i64, Error> {
+        self.posted.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        Ok(cents)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_method_of_an_async_trait_impl_runs_once_per_key_also_through_dyn() {
+    let ledger = Arc::new(SharedLedger {
+        idem: engine(),
+        posted: AtomicU32::new(0),
+    });
+    let tasks: Vec<_> = (0..50)
+        .map(|i| {
+            let ledger = ledger.clone();
+            tokio::spawn(async move {
+                let ledger: &dyn Ledger = &*ledger;
+                ledger.post(format!("entry-{}", i % 5), 100).await
+            })
+        })
+        .collect();
+    for task in tasks {
+        assert_eq!(task.await.unwrap().unwrap(), 100);
+    }
+    assert_eq!(runs(&ledger.posted), 5);
+    let err = ledger.post("entry-0".into(), 999).await.unwrap_err();
+    assert!(matches!(err, Error::KeyReuse { .. }), "{err:?}");
+    assert_eq!(runs(&ledger.posted), 5);
+}
