@@ -23,6 +23,7 @@ pub mod redis;
 pub use connect::connect;
 pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use redis::RedisStore;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
