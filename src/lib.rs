@@ -163,7 +163,7 @@ pub use idem_stores::MemoryStore;
 /// | `lease` | how long a claim holds the key before another caller may take it over | the engine's (30 seconds) |
 /// | `in_progress` | `"reject"` or `"wait"`: what a duplicate does while the first call runs | the engine's (`"reject"`) |
 /// | `wait_timeout` | how long `"wait"` waits | the engine's (10 seconds) |
-/// | `fingerprint` | an expression to digest, or `none` | digest of the arguments |
+/// | `fingerprint` | a `Serialize` value to digest, a [`Fingerprint`], or `none` | digest of the arguments |
 /// | `skip(a, b)` | arguments left out of the key and the fingerprint | none skipped |
 /// | `cache_errors` | alone: store every `Err`; `= <predicate>`: store the `Err`s for which `Fn(&E) -> bool` is true | no error stored |
 /// | `codec` | a [`Codec`] value for the stored result | the engine's (JSON) |

@@ -391,6 +391,23 @@ async fn shared_b(idem: &Idem, calls: &AtomicU32, id: u32) -> u32 {
     id + 1000
 }
 
+#[idempotent(key = order_id, store = idem, skip(idem, calls), fingerprint = idem::Fingerprint::of(&amount))]
+async fn precomputed(idem: &Idem, calls: &AtomicU32, order_id: u32, amount: u64) -> u64 {
+    calls.fetch_add(1, Ordering::SeqCst);
+    amount
+}
+
+#[tokio::test]
+async fn a_fingerprint_value_is_used_as_is() {
+    let idem = engine();
+    let calls = AtomicU32::new(0);
+    assert_eq!(precomputed(&idem, &calls, 1, 10).await.unwrap(), 10);
+    assert_eq!(precomputed(&idem, &calls, 1, 10).await.unwrap(), 10);
+    let err = precomputed(&idem, &calls, 1, 11).await.unwrap_err();
+    assert!(matches!(err, Error::KeyReuse { .. }), "{err:?}");
+    assert_eq!(runs(&calls), 1);
+}
+
 #[tokio::test]
 async fn two_functions_share_keys_only_through_an_explicit_scope() {
     let idem = engine();

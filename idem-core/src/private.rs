@@ -118,9 +118,33 @@ impl<'a, T: ?Sized> ArgPlaceholder<'a> for &ArgProbe<'a, T> {
     }
 }
 
+/// What `fingerprint = <expr>` accepts: a `Fingerprint` as is, or any `Serialize` value,
+/// which is digested.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a fingerprint",
+    label = "a fingerprint is an `idem::Fingerprint` or a `Serialize` value to digest",
+    note = "derive `serde::Serialize` for `{Self}`, or fingerprint the fields that tell one request from another"
+)]
+pub trait FingerprintValue {
+    /// The fingerprint.
+    fn fingerprint(&self) -> Fingerprint;
+}
+
+impl<T: Serialize + ?Sized> FingerprintValue for T {
+    fn fingerprint(&self) -> Fingerprint {
+        Fingerprint::of(self)
+    }
+}
+
+impl FingerprintValue for Fingerprint {
+    fn fingerprint(&self) -> Fingerprint {
+        *self
+    }
+}
+
 /// The fingerprint of a `fingerprint = <expr>` value.
-pub fn fingerprint_of<T: Serialize + ?Sized>(value: &T) -> Fingerprint {
-    Fingerprint::of(value)
+pub fn fingerprint_of<T: FingerprintValue + ?Sized>(value: &T) -> Fingerprint {
+    value.fingerprint()
 }
 
 // ---------------------------------------------------------------------------------------
