@@ -9,10 +9,9 @@ mod valid;
 
 use proc_macro::TokenStream;
 
-/// Makes an `async fn` idempotent: its key is claimed in a store, its body runs once per
-/// key, and its result is stored and replayed to every later call with the same key.
-///
-/// Documented, with every option and the code it expands to, at `idem::idempotent`.
+/// Defined in `idem-macros` and re-exported by `idem`, whose `idem::idempotent` page
+/// documents every option and the code the attribute expands to. Use it through `idem`:
+/// the expansion names `::idem::__private` items.
 #[proc_macro_attribute]
 pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(attr.into(), item.into()).into()
