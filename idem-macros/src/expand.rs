@@ -64,7 +64,13 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
     let (run, turbofish, from_idem, at) = match &checked.ret {
         Ret::Value(ty) => (quote!(run), quote!(#ty, _, _, _), None, ty.span()),
         Ret::Result { full, ok, err } => {
-            let at = ok.as_ref().map_or(full.span(), |ty| ty.span());
+            // With `cache_errors`, the error type is the one that newly needs serde, so its
+            // missing bounds are the likelier ones: the `.await` shares its span then.
+            let at = match (args.cache_errors.is_some(), ok, err) {
+                (true, _, Some(err)) => err.span(),
+                (false, Some(ok), _) => ok.span(),
+                _ => full.span(),
+            };
             let ok = match ok {
                 Some(ty) => ty.to_token_stream(),
                 None => quote!(<#full as #pr::Fallible>::Ok),
