@@ -700,3 +700,34 @@ async fn a_method_of_an_async_trait_impl_runs_once_per_key_also_through_dyn() {
     assert!(matches!(err, Error::KeyReuse { .. }), "{err:?}");
     assert_eq!(runs(&ledger.posted), 5);
 }
+
+// --- key ids ----------------------------------------------------------------------------------
+
+#[idempotent(key = id, store = idem, skip(idem, calls), scope = "e2e::readable")]
+async fn by_integer(idem: &Idem, calls: &AtomicU32, id: u64) -> u64 {
+    calls.fetch_add(1, Ordering::SeqCst);
+    id
+}
+
+#[idempotent(key = id, store = idem, skip(idem, calls), scope = "e2e::too_long")]
+async fn by_string(idem: &Idem, calls: &AtomicU32, id: String) -> usize {
+    calls.fetch_add(1, Ordering::SeqCst);
+    id.len()
+}
+
+#[tokio::test]
+async fn integer_keys_stay_readable_and_an_invalid_key_fails_before_the_body() {
+    let idem = engine();
+    let calls = AtomicU32::new(0);
+    assert_eq!(by_integer(&idem, &calls, 42).await.unwrap(), 42);
+    assert!(stored(&idem, Key::new("e2e::readable", "42").unwrap()).await);
+
+    // Over the 1024-byte limit: refused with InvalidKey, and the body never runs.
+    let err = by_string(&idem, &calls, "x".repeat(2000))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidKey { .. }), "{err:?}");
+    let err = by_string(&idem, &calls, String::new()).await.unwrap_err();
+    assert!(matches!(err, Error::InvalidKey { .. }), "{err:?}");
+    assert_eq!(runs(&calls), 1);
+}
