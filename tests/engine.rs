@@ -332,7 +332,7 @@ async fn wait_mode_gives_up_after_its_timeout() {
     let k = key("wait-timeout");
     let _holder = {
         let (idem, k) = (idem.clone(), k.clone());
-        tokio::spawn(async move { idem.run(k, Fingerprint::NONE, || std::future::pending::<u8>()).await })
+        tokio::spawn(async move { idem.run(k, Fingerprint::NONE, std::future::pending::<u8>).await })
     };
     tokio::time::sleep(Duration::from_millis(20)).await;
     let out = idem
@@ -517,7 +517,7 @@ async fn key_reuse_is_refused_while_in_progress_too() {
     let k = key("reuse-in-progress");
     let _holder = {
         let (idem, k) = (idem.clone(), k.clone());
-        tokio::spawn(async move { idem.run(k, Fingerprint::of(&1), || std::future::pending::<u8>()).await })
+        tokio::spawn(async move { idem.run(k, Fingerprint::of(&1), std::future::pending::<u8>).await })
     };
     tokio::time::sleep(Duration::from_millis(20)).await;
     let out = idem
