@@ -18,10 +18,10 @@ use crate::valid::{self, Func, Ret, Shape};
 pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
     let func: ItemFn = match syn::parse2(item.clone()) {
         Ok(func) => func,
-        Err(e) => {
+        Err(_) => {
             let e = syn::Error::new(
-                e.span(),
-                format!("#[idempotent] goes on an `async fn` with a body: {e}"),
+                Span::call_site(),
+                "#[idempotent] goes on an `async fn` with a body (a free function or a method in an impl block)",
             );
             return with_error(item, e);
         }
