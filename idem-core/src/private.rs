@@ -174,6 +174,11 @@ pub fn cache_every_error<E>(_: &E) -> bool {
 }
 
 /// The parts of a `Result`, for return types spelled through an alias (`io::Result<T>`).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is named like a `Result` but is not one",
+    label = "#[idempotent] treats a return type whose name ends in `Result` as a `Result<T, E>`",
+    note = "return `Result<{Self}, idem::Error>` and unwrap it, or rename the type"
+)]
 pub trait Fallible {
     /// The success type.
     type Ok;
