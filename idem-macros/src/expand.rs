@@ -189,7 +189,7 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
     let body_ty = &checked.body_ty;
     let block = match &checked.shape {
         Shape::Async => func.block.to_token_stream(),
-        Shape::AsyncTrait { body } => body.to_token_stream(),
+        Shape::AsyncTrait { body } => mark_rebindings_used(body).to_token_stream(),
     };
     let run_path = respan(quote!(#pr::#run), at);
     let body = quote! {
@@ -248,6 +248,39 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
         }
     }
     func.into_token_stream()
+}
+
+/// `#[async_trait]` moves each argument into its future with `let x = x;` among the
+/// top-level statements of the block (the user's body is nested one level deeper). An
+/// argument used only in `key` or `fingerprint` is used outside the block and not inside
+/// it, so its rebinding would warn as unused; this marks each one used.
+fn mark_rebindings_used(block: &syn::Block) -> syn::Block {
+    let mut block = block.clone();
+    let mut stmts = Vec::with_capacity(block.stmts.len() * 2);
+    for stmt in block.stmts.drain(..) {
+        let rebound = match &stmt {
+            syn::Stmt::Local(local) => rebinding(local),
+            _ => None,
+        };
+        stmts.push(stmt);
+        if let Some(ident) = rebound {
+            stmts.push(syn::parse_quote!(let _ = &#ident;));
+        }
+    }
+    block.stmts = stmts;
+    block
+}
+
+/// `x` in `let x = x;` or `let mut x = x;`.
+fn rebinding(local: &syn::Local) -> Option<Ident> {
+    let syn::Pat::Ident(pat) = &local.pat else {
+        return None;
+    };
+    let init = local.init.as_ref()?;
+    match &*init.expr {
+        syn::Expr::Path(path) if path.path.is_ident(&pat.ident) => Some(pat.ident.clone()),
+        _ => None,
+    }
 }
 
 /// `&(expr)` whose span covers the whole expression (from its first token to its last),
