@@ -43,7 +43,10 @@ fn receipt() -> Receipt {
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 fn replay(c: &mut Criterion) {
@@ -57,10 +60,14 @@ fn replay(c: &mut Criterion) {
     let key = Key::new("bench::charge", "order-42").unwrap();
     let fp = Fingerprint::of("payload");
     for engine in [&idem, &cached] {
-        rt.block_on(engine.run(key.clone(), fp, || async { receipt() })).unwrap();
+        rt.block_on(engine.run(key.clone(), fp, || async { receipt() }))
+            .unwrap();
     }
     let baseline: DashMap<String, Vec<u8>> = DashMap::new();
-    baseline.insert(key.as_str().to_owned(), serde_json::to_vec(&receipt()).unwrap());
+    baseline.insert(
+        key.as_str().to_owned(),
+        serde_json::to_vec(&receipt()).unwrap(),
+    );
 
     let mut g = c.benchmark_group("replay");
     g.bench_function("baseline: dashmap get + json decode", |b| {
@@ -72,13 +79,19 @@ fn replay(c: &mut Criterion) {
     });
     g.bench_function("idem memory store", |b| {
         b.to_async(&rt).iter(|| async {
-            let r: Receipt = idem.run(key.clone(), fp, || async { receipt() }).await.unwrap();
+            let r: Receipt = idem
+                .run(key.clone(), fp, || async { receipt() })
+                .await
+                .unwrap();
             r
         })
     });
     g.bench_function("idem memory store + local cache", |b| {
         b.to_async(&rt).iter(|| async {
-            let r: Receipt = cached.run(key.clone(), fp, || async { receipt() }).await.unwrap();
+            let r: Receipt = cached
+                .run(key.clone(), fp, || async { receipt() })
+                .await
+                .unwrap();
             r
         })
     });
@@ -104,7 +117,13 @@ fn first_call(c: &mut Criterion) {
     });
     g.bench_function("idem memory store", |b| {
         b.to_async(&rt).iter_batched(
-            || Key::new("bench::charge", format!("order-{}", n.fetch_add(1, Ordering::Relaxed))).unwrap(),
+            || {
+                Key::new(
+                    "bench::charge",
+                    format!("order-{}", n.fetch_add(1, Ordering::Relaxed)),
+                )
+                .unwrap()
+            },
             |k| async {
                 let r: Receipt = idem.run(k, fp, || async { receipt() }).await.unwrap();
                 r
@@ -123,7 +142,9 @@ fn key_digest(c: &mut Criterion) {
         customer: "cus_9s6XKzkNRiz8i3",
     };
     let mut g = c.benchmark_group("key_digest");
-    g.bench_function("baseline: serde_json::to_vec", |b| b.iter(|| serde_json::to_vec(&req).unwrap()));
+    g.bench_function("baseline: serde_json::to_vec", |b| {
+        b.iter(|| serde_json::to_vec(&req).unwrap())
+    });
     g.bench_function("baseline: serde_json::to_vec + blake3::hash", |b| {
         b.iter(|| blake3::hash(&serde_json::to_vec(&req).unwrap()))
     });

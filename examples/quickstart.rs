@@ -23,7 +23,10 @@ static EMAILS_SENT: AtomicU32 = AtomicU32::new(0);
 async fn send_welcome_email(idem: Idem, user_id: u64, address: String) -> String {
     EMAILS_SENT.fetch_add(1, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_millis(50)).await; // the mail server is slow
-    format!("welcome email to {address}, sent by process {}", std::process::id())
+    format!(
+        "welcome email to {address}, sent by process {}",
+        std::process::id()
+    )
 }
 
 #[tokio::main]
@@ -40,7 +43,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         answers.push(send_welcome_email(idem.clone(), 7, "ada@example.com".into()).await?);
     }
     let at_once: Vec<_> = (0..50)
-        .map(|_| tokio::spawn(send_welcome_email(idem.clone(), 7, "ada@example.com".into())))
+        .map(|_| {
+            tokio::spawn(send_welcome_email(
+                idem.clone(),
+                7,
+                "ada@example.com".into(),
+            ))
+        })
         .collect();
     for call in at_once {
         answers.push(call.await??);
@@ -49,8 +58,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let first = &answers[0];
     let all_same = answers.iter().all(|a| a == first);
     println!("store:        {url}");
-    println!("calls:        {} (3 in a row, then 50 at once)", answers.len());
-    println!("emails sent:  {} by this run", EMAILS_SENT.load(Ordering::SeqCst));
+    println!(
+        "calls:        {} (3 in a row, then 50 at once)",
+        answers.len()
+    );
+    println!(
+        "emails sent:  {} by this run",
+        EMAILS_SENT.load(Ordering::SeqCst)
+    );
     println!("same answer:  {all_same}: {first}");
     if !all_same {
         return Err("callers got different answers".into());

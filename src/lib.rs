@@ -52,12 +52,12 @@
 
 use std::sync::OnceLock;
 
+pub use idem_core::{async_trait, digest_hex, Bytes};
 pub use idem_core::{
     codec, BoxError, BuiltinCodec, Call, Capabilities, Claim, Codec, DecodeError, Error,
     Fingerprint, Idem, IdemBuilder, InProgress, Json, Key, ReadableKeyId, Record, Store,
     StoreError, Token, DEFAULT_LEASE, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
 };
-pub use idem_core::{async_trait, digest_hex, Bytes};
 pub use idem_stores::MemoryStore;
 
 /// Makes an `async fn` safe to retry: its body runs once per idempotency key, and every

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem::{
-    Bytes, Capabilities, Claim, DecodeError, Error, Fingerprint, Idem, InProgress, Key, MemoryStore, Record, Store,
-    StoreError, Token,
+    Bytes, Capabilities, Claim, DecodeError, Error, Fingerprint, Idem, InProgress, Key,
+    MemoryStore, Record, Store, StoreError, Token,
 };
 
 /// A memory store that counts calls and can fail on demand.
@@ -26,13 +26,21 @@ struct Faulty {
 fn unavailable() -> StoreError {
     StoreError::Unavailable {
         backend: "faulty",
-        source: Box::new(std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused (injected)")),
+        source: Box::new(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "connection refused (injected)",
+        )),
     }
 }
 
 #[idem::async_trait]
 impl Store for Faulty {
-    async fn claim(&self, key: &Key, fp: &Fingerprint, lease: Duration) -> Result<Claim, StoreError> {
+    async fn claim(
+        &self,
+        key: &Key,
+        fp: &Fingerprint,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.claims.fetch_add(1, Ordering::SeqCst);
         if self.fail_claims.load(Ordering::SeqCst) {
@@ -40,7 +48,13 @@ impl Store for Faulty {
         }
         self.inner.claim(key, fp, lease).await
     }
-    async fn complete(&self, key: &Key, token: Token, payload: Bytes, ttl: Duration) -> Result<(), StoreError> {
+    async fn complete(
+        &self,
+        key: &Key,
+        token: Token,
+        payload: Bytes,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.completes.fetch_add(1, Ordering::SeqCst);
         if self
@@ -134,7 +148,10 @@ async fn err_releases_the_claim_and_the_next_call_runs_again() {
         assert_eq!(out, expected);
     }
     assert_eq!(runs.load(Ordering::SeqCst), 3, "each failure was retried");
-    let replay: Result<u32, PayError> = idem.call(key("retry")).run_fallible(|| async { Ok(99) }).await;
+    let replay: Result<u32, PayError> = idem
+        .call(key("retry"))
+        .run_fallible(|| async { Ok(99) })
+        .await;
     assert_eq!(replay, Ok(7), "the success is replayed");
     assert_eq!(runs.load(Ordering::SeqCst), 3);
 }
@@ -154,7 +171,11 @@ async fn chosen_errors_are_cached_and_others_released() {
             .await;
         assert_eq!(out, Err(PayError::Declined));
     }
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "a declined card stays declined without a second charge attempt");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "a declined card stays declined without a second charge attempt"
+    );
 
     for _ in 0..2 {
         let out: Result<u32, PayError> = idem
@@ -166,7 +187,11 @@ async fn chosen_errors_are_cached_and_others_released() {
             .await;
         assert_eq!(out, Err(PayError::Timeout));
     }
-    assert_eq!(runs.load(Ordering::SeqCst), 3, "an error not chosen is not cached");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        3,
+        "an error not chosen is not cached"
+    );
 }
 
 fn explode() -> u32 {
@@ -183,7 +208,10 @@ async fn a_panicking_body_releases_its_claim() {
     };
     assert!(task.await.unwrap_err().is_panic());
     wait_until_released(&*store, &k).await;
-    let v: u32 = idem.run(k, Fingerprint::NONE, || async { 5 }).await.unwrap();
+    let v: u32 = idem
+        .run(k, Fingerprint::NONE, || async { 5 })
+        .await
+        .unwrap();
     assert_eq!(v, 5);
 }
 
@@ -203,7 +231,10 @@ async fn a_dropped_call_releases_its_claim() {
         })
     };
     started.notified().await;
-    assert!(matches!(store.get(&k).await.unwrap(), Some(Record::InProgress { .. })));
+    assert!(matches!(
+        store.get(&k).await.unwrap(),
+        Some(Record::InProgress { .. })
+    ));
     call.abort();
     wait_until_released(&*store, &k).await;
 }
@@ -229,12 +260,18 @@ async fn the_heartbeat_keeps_a_long_body_s_lease() {
     // Far past the 3s lease, the first call still holds the key.
     for _ in 0..5 {
         tokio::time::sleep(Duration::from_secs(3)).await;
-        let dup = idem.call(k.clone()).run(|| async { "dup".to_string() }).await;
+        let dup = idem
+            .call(k.clone())
+            .run(|| async { "dup".to_string() })
+            .await;
         assert!(matches!(dup, Err(Error::InProgress { .. })), "{dup:?}");
     }
     assert_eq!(first.await.unwrap().unwrap(), "slow");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    assert!(store.calls.load(Ordering::SeqCst) > 8, "extend calls were made");
+    assert!(
+        store.calls.load(Ordering::SeqCst) > 8,
+        "extend calls were made"
+    );
 }
 
 #[tokio::test]
@@ -257,13 +294,24 @@ async fn a_holder_whose_key_was_taken_over_gets_lease_lost() {
     }
     // An operator deletes the record and a second caller runs and stores its result.
     assert!(idem.forget(&k).await.unwrap());
-    let second: String = idem.run(k.clone(), Fingerprint::NONE, || async { "second".to_string() }).await.unwrap();
+    let second: String = idem
+        .run(k.clone(), Fingerprint::NONE, || async {
+            "second".to_string()
+        })
+        .await
+        .unwrap();
     assert_eq!(second, "second");
     go_tx.send(()).unwrap();
     let first = first.await.unwrap();
     assert!(matches!(first, Err(Error::LeaseLost { .. })), "{first:?}");
-    let replay: String = idem.run(k, Fingerprint::NONE, || async { "third".to_string() }).await.unwrap();
-    assert_eq!(replay, "second", "the successor's result was not overwritten");
+    let replay: String = idem
+        .run(k, Fingerprint::NONE, || async { "third".to_string() })
+        .await
+        .unwrap();
+    assert_eq!(
+        replay, "second",
+        "the successor's result was not overwritten"
+    );
 }
 
 #[tokio::test]
@@ -288,10 +336,17 @@ async fn wait_mode_returns_the_first_result_and_reject_mode_refuses() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     let rejected = call(InProgress::Reject).await.unwrap();
     match rejected {
-        Err(Error::InProgress { retry_after, ref key }) => {
+        Err(Error::InProgress {
+            retry_after,
+            ref key,
+        }) => {
             assert!(retry_after > Duration::ZERO);
             assert_eq!(key.id(), "wait");
-            assert!(rejected.as_ref().unwrap_err().to_string().contains("engine-tests/wait"));
+            assert!(rejected
+                .as_ref()
+                .unwrap_err()
+                .to_string()
+                .contains("engine-tests/wait"));
         }
         other => panic!("expected InProgress, got {other:?}"),
     }
@@ -332,7 +387,10 @@ async fn wait_mode_gives_up_after_its_timeout() {
     let k = key("wait-timeout");
     let _holder = {
         let (idem, k) = (idem.clone(), k.clone());
-        tokio::spawn(async move { idem.run(k, Fingerprint::NONE, std::future::pending::<u8>).await })
+        tokio::spawn(async move {
+            idem.run(k, Fingerprint::NONE, std::future::pending::<u8>)
+                .await
+        })
     };
     tokio::time::sleep(Duration::from_millis(20)).await;
     let out = idem
@@ -356,21 +414,54 @@ async fn bad_input_is_refused_before_any_store_access() {
         1u8
     };
     let empty = idem.call_checked(Key::new("s", "")).run(body).await;
-    assert!(matches!(&empty, Err(Error::InvalidKey { reason, .. }) if reason.contains("empty")), "{empty:?}");
-    let long = idem.call_checked(Key::new("s", "k".repeat(1025))).run(body).await;
+    assert!(
+        matches!(&empty, Err(Error::InvalidKey { reason, .. }) if reason.contains("empty")),
+        "{empty:?}"
+    );
+    let long = idem
+        .call_checked(Key::new("s", "k".repeat(1025)))
+        .run(body)
+        .await;
     let msg = long.unwrap_err().to_string();
     assert!(msg.contains("1025 bytes") && msg.contains("1024"), "{msg}");
     let slash = Key::new("a/b", "k").unwrap_err().to_string();
     assert!(slash.contains('/'), "{slash}");
-    let zero_ttl = idem.call(key("zero-ttl")).ttl(Duration::ZERO).run(body).await;
-    assert!(matches!(&zero_ttl, Err(Error::InvalidOption { option: "ttl", .. })), "{zero_ttl:?}");
-    assert!(zero_ttl.unwrap_err().to_string().contains("engine-tests/zero-ttl"));
-    let zero_lease = idem.call(key("zero-lease")).lease(Duration::ZERO).run(body).await;
-    assert!(matches!(zero_lease, Err(Error::InvalidOption { option: "lease", .. })));
-    assert_eq!(store.calls.load(Ordering::SeqCst), 0, "nothing reached the store");
+    let zero_ttl = idem
+        .call(key("zero-ttl"))
+        .ttl(Duration::ZERO)
+        .run(body)
+        .await;
+    assert!(
+        matches!(&zero_ttl, Err(Error::InvalidOption { option: "ttl", .. })),
+        "{zero_ttl:?}"
+    );
+    assert!(zero_ttl
+        .unwrap_err()
+        .to_string()
+        .contains("engine-tests/zero-ttl"));
+    let zero_lease = idem
+        .call(key("zero-lease"))
+        .lease(Duration::ZERO)
+        .run(body)
+        .await;
+    assert!(matches!(
+        zero_lease,
+        Err(Error::InvalidOption {
+            option: "lease",
+            ..
+        })
+    ));
+    assert_eq!(
+        store.calls.load(Ordering::SeqCst),
+        0,
+        "nothing reached the store"
+    );
     assert!(!ran.load(Ordering::SeqCst), "the body never ran");
 
-    let built = Idem::builder().store(MemoryStore::new()).ttl(Duration::ZERO).build();
+    let built = Idem::builder()
+        .store(MemoryStore::new())
+        .ttl(Duration::ZERO)
+        .build();
     assert!(built.unwrap_err().to_string().contains("`ttl`"));
     let no_store = Idem::builder().build();
     assert!(no_store.unwrap_err().to_string().contains(".store("));
@@ -390,7 +481,10 @@ async fn an_unreachable_store_fails_closed_with_the_source_kept() {
     let err = out.unwrap_err();
     assert!(matches!(err, Error::Store { .. }));
     assert!(err.is_retryable());
-    assert!(!ran.load(Ordering::SeqCst), "the body must not run without a claim");
+    assert!(
+        !ran.load(Ordering::SeqCst),
+        "the body must not run without a claim"
+    );
     // The chain reaches the client's own error.
     let mut chain = Vec::new();
     let mut cur: Option<&dyn std::error::Error> = Some(&err);
@@ -405,16 +499,32 @@ async fn an_unreachable_store_fails_closed_with_the_source_kept() {
 async fn a_failed_complete_is_retried() {
     let (store, idem) = setup();
     store.fail_completes.store(1, Ordering::SeqCst);
-    let v: u8 = idem.run(key("flaky"), Fingerprint::NONE, || async { 3 }).await.unwrap();
+    let v: u8 = idem
+        .run(key("flaky"), Fingerprint::NONE, || async { 3 })
+        .await
+        .unwrap();
     assert_eq!(v, 3);
-    assert_eq!(store.completes.load(Ordering::SeqCst), 2, "one failure, one retry");
-    let replay: u8 = idem.run(key("flaky"), Fingerprint::NONE, || async { 4 }).await.unwrap();
+    assert_eq!(
+        store.completes.load(Ordering::SeqCst),
+        2,
+        "one failure, one retry"
+    );
+    let replay: u8 = idem
+        .run(key("flaky"), Fingerprint::NONE, || async { 4 })
+        .await
+        .unwrap();
     assert_eq!(replay, 3);
 
     store.fail_completes.store(100, Ordering::SeqCst);
-    let out = idem.run(key("dead"), Fingerprint::NONE, || async { 3u8 }).await;
+    let out = idem
+        .run(key("dead"), Fingerprint::NONE, || async { 3u8 })
+        .await;
     assert!(matches!(out, Err(Error::Store { .. })), "{out:?}");
-    assert_eq!(store.completes.load(Ordering::SeqCst), 2 + 3, "bounded: three attempts");
+    assert_eq!(
+        store.completes.load(Ordering::SeqCst),
+        2 + 3,
+        "bounded: three attempts"
+    );
 }
 
 #[tokio::test]
@@ -430,8 +540,15 @@ async fn a_complete_whose_answer_was_lost_is_not_a_lost_lease() {
         .await
         .unwrap();
     assert_eq!(v, 8);
-    assert_eq!(store.completes.load(Ordering::SeqCst), 2, "stored, answer lost, retried and fenced");
-    let replay: u8 = idem.run(key("lost-answer"), Fingerprint::NONE, || async { 9 }).await.unwrap();
+    assert_eq!(
+        store.completes.load(Ordering::SeqCst),
+        2,
+        "stored, answer lost, retried and fenced"
+    );
+    let replay: u8 = idem
+        .run(key("lost-answer"), Fingerprint::NONE, || async { 9 })
+        .await
+        .unwrap();
     assert_eq!(replay, 8);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
@@ -441,26 +558,78 @@ async fn records_that_do_not_decode_are_errors_naming_the_key() {
     let (store, idem) = setup();
     // Junk bytes under the key.
     let k = key("junk");
-    let Claim::Acquired { token, .. } = store.claim(&k, &Fingerprint::NONE, Duration::from_secs(5)).await.unwrap() else {
+    let Claim::Acquired { token, .. } = store
+        .claim(&k, &Fingerprint::NONE, Duration::from_secs(5))
+        .await
+        .unwrap()
+    else {
         panic!()
     };
-    store.complete(&k, token, Bytes::from_static(b"not an envelope"), Duration::from_secs(60)).await.unwrap();
-    let err = idem.run(k, Fingerprint::NONE, || async { 1u32 }).await.unwrap_err();
-    assert!(matches!(err, Error::Decode { source: DecodeError::NotAnEnvelope, .. }), "{err:?}");
+    store
+        .complete(
+            &k,
+            token,
+            Bytes::from_static(b"not an envelope"),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    let err = idem
+        .run(k, Fingerprint::NONE, || async { 1u32 })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Decode {
+                source: DecodeError::NotAnEnvelope,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("engine-tests/junk"), "{err}");
 
     // A record of another type.
-    let _: Vec<u32> = idem.run(key("typed"), Fingerprint::NONE, || async { vec![1, 2] }).await.unwrap();
-    let err = idem.run(key("typed"), Fingerprint::NONE, || async { vec![1u64] }).await.unwrap_err();
-    assert!(matches!(err, Error::Decode { source: DecodeError::Type { .. }, .. }), "{err:?}");
+    let _: Vec<u32> = idem
+        .run(key("typed"), Fingerprint::NONE, || async { vec![1, 2] })
+        .await
+        .unwrap();
+    let err = idem
+        .run(key("typed"), Fingerprint::NONE, || async { vec![1u64] })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Decode {
+                source: DecodeError::Type { .. },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 
     // A cached error read by a call that does not cache errors.
     let _: Result<u32, PayError> = idem
         .call(key("cached-err"))
         .run_caching_errors(|_: &PayError| true, || async { Err(PayError::Declined) })
         .await;
-    let err = idem.call(key("cached-err")).run(|| async { 1u32 }).await.unwrap_err();
-    assert!(matches!(err, Error::Decode { source: DecodeError::UnexpectedError, .. }), "{err:?}");
+    let err = idem
+        .call(key("cached-err"))
+        .run(|| async { 1u32 })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Decode {
+                source: DecodeError::UnexpectedError,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 }
 
 #[cfg(feature = "postcard")]
@@ -468,12 +637,39 @@ async fn records_that_do_not_decode_are_errors_naming_the_key() {
 async fn codecs_are_kept_apart() {
     use idem::codec::{Json, Postcard};
     let (_, idem) = setup();
-    let v: (u8, String) = idem.call(key("pc")).codec(Postcard).run(|| async { (1, "x".into()) }).await.unwrap();
+    let v: (u8, String) = idem
+        .call(key("pc"))
+        .codec(Postcard)
+        .run(|| async { (1, "x".into()) })
+        .await
+        .unwrap();
     assert_eq!(v, (1, "x".into()));
-    let replay: (u8, String) = idem.call(key("pc")).codec(Postcard).run(|| async { (2, "y".into()) }).await.unwrap();
+    let replay: (u8, String) = idem
+        .call(key("pc"))
+        .codec(Postcard)
+        .run(|| async { (2, "y".into()) })
+        .await
+        .unwrap();
     assert_eq!(replay, (1, "x".into()));
-    let err = idem.call(key("pc")).codec(Json).run(|| async { (3u8, String::new()) }).await.unwrap_err();
-    assert!(matches!(err, Error::Decode { source: DecodeError::Codec { found: 2, expected: 1 }, .. }), "{err:?}");
+    let err = idem
+        .call(key("pc"))
+        .codec(Json)
+        .run(|| async { (3u8, String::new()) })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Decode {
+                source: DecodeError::Codec {
+                    found: 2,
+                    expected: 1
+                },
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 }
 
 #[cfg(feature = "bincode")]
@@ -485,8 +681,14 @@ async fn the_bincode_codec_round_trips() {
         .codec(idem::BuiltinCodec::Bincode)
         .build()
         .unwrap();
-    let v: Vec<i64> = idem2.run(key("bc"), Fingerprint::NONE, || async { vec![-1, 2] }).await.unwrap();
-    let replay: Vec<i64> = idem2.run(key("bc"), Fingerprint::NONE, || async { vec![] }).await.unwrap();
+    let v: Vec<i64> = idem2
+        .run(key("bc"), Fingerprint::NONE, || async { vec![-1, 2] })
+        .await
+        .unwrap();
+    let replay: Vec<i64> = idem2
+        .run(key("bc"), Fingerprint::NONE, || async { vec![] })
+        .await
+        .unwrap();
     assert_eq!(v, replay);
 }
 
@@ -503,9 +705,18 @@ async fn the_local_cache_answers_replays_without_the_store() {
         let v: u32 = idem.run(key("hot"), fp, || async { 11 }).await.unwrap();
         assert_eq!(v, 11);
     }
-    assert_eq!(store.claims.load(Ordering::SeqCst), 1, "replays came from the local cache");
-    let reuse = idem.run(key("hot"), Fingerprint::of("other"), || async { 12u32 }).await;
-    assert!(matches!(reuse, Err(Error::KeyReuse { .. })), "the cache checks fingerprints too");
+    assert_eq!(
+        store.claims.load(Ordering::SeqCst),
+        1,
+        "replays came from the local cache"
+    );
+    let reuse = idem
+        .run(key("hot"), Fingerprint::of("other"), || async { 12u32 })
+        .await;
+    assert!(
+        matches!(reuse, Err(Error::KeyReuse { .. })),
+        "the cache checks fingerprints too"
+    );
     assert!(idem.forget(&key("hot")).await.unwrap());
     let v: u32 = idem.run(key("hot"), fp, || async { 13 }).await.unwrap();
     assert_eq!(v, 13, "forget clears the cache as well as the store");
@@ -517,7 +728,10 @@ async fn key_reuse_is_refused_while_in_progress_too() {
     let k = key("reuse-in-progress");
     let _holder = {
         let (idem, k) = (idem.clone(), k.clone());
-        tokio::spawn(async move { idem.run(k, Fingerprint::of(&1), std::future::pending::<u8>).await })
+        tokio::spawn(async move {
+            idem.run(k, Fingerprint::of(&1), std::future::pending::<u8>)
+                .await
+        })
     };
     tokio::time::sleep(Duration::from_millis(20)).await;
     let out = idem
@@ -535,7 +749,10 @@ struct Events(Arc<Mutex<Vec<String>>>);
 
 impl std::io::Write for Events {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().push(String::from_utf8_lossy(buf).into_owned());
+        self.0
+            .lock()
+            .unwrap()
+            .push(String::from_utf8_lossy(buf).into_owned());
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -556,17 +773,35 @@ async fn tracing_events_mark_claim_replay_complete_release_and_takeover() {
 
     let store = MemoryStore::new();
     let idem = Idem::new(store.clone());
-    let _: u8 = idem.run(key("t1"), Fingerprint::NONE, || async { 1 }).await.unwrap();
-    let _: u8 = idem.run(key("t1"), Fingerprint::NONE, || async { 1 }).await.unwrap();
-    let _: Result<u8, PayError> = idem.call(key("t2")).run_fallible(|| async { Err(PayError::Timeout) }).await;
+    let _: u8 = idem
+        .run(key("t1"), Fingerprint::NONE, || async { 1 })
+        .await
+        .unwrap();
+    let _: u8 = idem
+        .run(key("t1"), Fingerprint::NONE, || async { 1 })
+        .await
+        .unwrap();
+    let _: Result<u8, PayError> = idem
+        .call(key("t2"))
+        .run_fallible(|| async { Err(PayError::Timeout) })
+        .await;
     // A holder that vanished: its lease ends and the next call takes over.
-    store.claim(&key("t3"), &Fingerprint::NONE, Duration::from_secs(1)).await.unwrap();
+    store
+        .claim(&key("t3"), &Fingerprint::NONE, Duration::from_secs(1))
+        .await
+        .unwrap();
     tokio::time::advance(Duration::from_secs(2)).await;
-    let _: u8 = idem.run(key("t3"), Fingerprint::NONE, || async { 3 }).await.unwrap();
+    let _: u8 = idem
+        .run(key("t3"), Fingerprint::NONE, || async { 3 })
+        .await
+        .unwrap();
 
     let log = events.0.lock().unwrap().concat();
     for needle in ["claimed", "replay", "completed", "released", "took over"] {
         assert!(log.contains(needle), "no `{needle}` event in:\n{log}");
     }
-    assert!(log.contains("engine-tests/t3"), "events name the key:\n{log}");
+    assert!(
+        log.contains("engine-tests/t3"),
+        "events name the key:\n{log}"
+    );
 }

@@ -3,7 +3,7 @@
 //! A stored result outlives deploys (24 hours by default). JSON is self-describing, so a
 //! result written by yesterday's type decodes into today's when the change is compatible (a
 //! new `#[serde(default)]` field) and is refused with [`Error::Decode`](crate::Error::Decode)
-//! when it is not. [`Postcard`] and [`Bincode`] are compact but not self-describing: with
+//! when it is not. `Postcard` (feature `postcard`) and `Bincode` (feature `bincode`) are compact but not self-describing: with
 //! them, a changed result type must change its scope.
 
 use serde::{de::DeserializeOwned, Serialize};
@@ -100,7 +100,10 @@ impl Codec for Bincode {
         "bincode"
     }
     fn encode<T: Serialize + ?Sized>(&self, value: &T) -> Result<Vec<u8>, BoxError> {
-        Ok(bincode::serde::encode_to_vec(value, bincode::config::standard())?)
+        Ok(bincode::serde::encode_to_vec(
+            value,
+            bincode::config::standard(),
+        )?)
     }
     fn decode<T: DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, BoxError> {
         let (value, read) = bincode::serde::decode_from_slice(bytes, bincode::config::standard())?;

@@ -29,7 +29,10 @@ const FINGERPRINT_CONTEXT: &str = "idem 2026-11-29 fingerprint v1";
 /// ```
 pub fn digest_hex<T: Serialize + ?Sized>(value: &T) -> String {
     static KEY: OnceLock<blake3::Hasher> = OnceLock::new();
-    let bytes = digest_with(KEY.get_or_init(|| blake3::Hasher::new_derive_key(KEY_CONTEXT)), value);
+    let bytes = digest_with(
+        KEY.get_or_init(|| blake3::Hasher::new_derive_key(KEY_CONTEXT)),
+        value,
+    );
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(32);
     for b in &bytes[..16] {
@@ -248,7 +251,11 @@ impl<'a> ser::Serializer for Digester<'a> {
         self.tag(tag::TUPLE);
         Ok(Seq { out: self.out })
     }
-    fn serialize_tuple_struct(self, _name: &'static str, len: usize) -> Result<Seq<'a>, DigestError> {
+    fn serialize_tuple_struct(
+        self,
+        _name: &'static str,
+        len: usize,
+    ) -> Result<Seq<'a>, DigestError> {
         self.serialize_tuple(len)
     }
     fn serialize_tuple_variant(
@@ -270,7 +277,11 @@ impl<'a> ser::Serializer for Digester<'a> {
             pending: None,
         })
     }
-    fn serialize_struct(mut self, _name: &'static str, _len: usize) -> Result<Seq<'a>, DigestError> {
+    fn serialize_struct(
+        mut self,
+        _name: &'static str,
+        _len: usize,
+    ) -> Result<Seq<'a>, DigestError> {
         self.tag(tag::STRUCT);
         Ok(Seq { out: self.out })
     }
@@ -394,7 +405,8 @@ impl ser::SerializeMap for Map<'_> {
     fn end(mut self) -> R {
         self.entries.sort_unstable();
         self.out.push(tag::MAP);
-        self.out.extend_from_slice(&(self.entries.len() as u64).to_le_bytes());
+        self.out
+            .extend_from_slice(&(self.entries.len() as u64).to_le_bytes());
         for e in &self.entries {
             self.out.extend_from_slice(e);
         }
@@ -424,7 +436,10 @@ mod tests {
             (digest_hex(&()), "5ce2e491ca807753ec528cc5f58ab7a6"),
             (digest_hex("order-42"), "62b44b7924757e941f3f0afdeda9bc0e"),
             (digest_hex(&42u64), "b60f32f0bd1f3ee72395bd403b69f715"),
-            (digest_hex(&(1i32, "a", true)), "d1de5f4a56a2b9720516625ef80c97da"),
+            (
+                digest_hex(&(1i32, "a", true)),
+                "d1de5f4a56a2b9720516625ef80c97da",
+            ),
             (
                 digest_hex(&Charge {
                     order_id: "o-1",
@@ -433,7 +448,10 @@ mod tests {
                 }),
                 "8c97e2783508e52197988d25cee00014",
             ),
-            (digest_hex(&vec![Some(1u8), None]), "918b92b2689ddf9a274e872c4095a518"),
+            (
+                digest_hex(&vec![Some(1u8), None]),
+                "918b92b2689ddf9a274e872c4095a518",
+            ),
         ];
         for (got, want) in cases {
             assert_eq!(got, want);
@@ -450,7 +468,10 @@ mod tests {
     #[test]
     fn adjacent_strings_do_not_run_together() {
         assert_ne!(digest_hex(&("ab", "c")), digest_hex(&("a", "bc")));
-        assert_ne!(digest_hex(&(vec![1u8], vec![2u8])), digest_hex(&(vec![1u8, 2], Vec::<u8>::new())));
+        assert_ne!(
+            digest_hex(&(vec![1u8], vec![2u8])),
+            digest_hex(&(vec![1u8, 2], Vec::<u8>::new()))
+        );
     }
 
     #[test]

@@ -148,7 +148,11 @@ impl IdemBuilder {
         let ttl = self.ttl.unwrap_or(DEFAULT_TTL);
         let lease = self.lease.unwrap_or(DEFAULT_LEASE);
         let wait_timeout = self.wait_timeout.unwrap_or(DEFAULT_WAIT_TIMEOUT);
-        for (name, d) in [("ttl", ttl), ("lease", lease), ("wait_timeout", wait_timeout)] {
+        for (name, d) in [
+            ("ttl", ttl),
+            ("lease", lease),
+            ("wait_timeout", wait_timeout),
+        ] {
             if d < MIN_DURATION {
                 return Err(Error::Connect {
                     message: format!("Idem::builder(): `{name}` is {d:?}; it must be at least 1ms"),
@@ -224,7 +228,12 @@ impl Idem {
 
     /// Runs `body` at most once for `key` and returns its (stored) result.
     /// Shorthand for `self.call(key).fingerprint(fingerprint).run(body)`.
-    pub async fn run<T, F, Fut>(&self, key: Key, fingerprint: Fingerprint, body: F) -> Result<T, Error>
+    pub async fn run<T, F, Fut>(
+        &self,
+        key: Key,
+        fingerprint: Fingerprint,
+        body: F,
+    ) -> Result<T, Error>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = T>,
@@ -239,10 +248,14 @@ impl Idem {
         if let Some(cache) = &self.inner.cache {
             cache.remove(key);
         }
-        self.inner.store.delete(key).await.map_err(|source| Error::Store {
-            key: key.clone(),
-            source,
-        })
+        self.inner
+            .store
+            .delete(key)
+            .await
+            .map_err(|source| Error::Store {
+                key: key.clone(),
+                source,
+            })
     }
 }
 
@@ -364,7 +377,11 @@ impl<'a, C: Codec> Call<'a, C> {
         let lease = self.lease.unwrap_or(inner.lease);
         let mode = self.in_progress.unwrap_or(inner.in_progress);
         let wait_timeout = self.wait_timeout.unwrap_or(inner.wait_timeout);
-        for (option, d) in [("ttl", ttl), ("lease", lease), ("wait_timeout", wait_timeout)] {
+        for (option, d) in [
+            ("ttl", ttl),
+            ("lease", lease),
+            ("wait_timeout", wait_timeout),
+        ] {
             if d < MIN_DURATION {
                 return Err(Error::InvalidOption {
                     key,
@@ -402,7 +419,10 @@ impl<'a, C: Codec> Call<'a, C> {
                     }
                     break token;
                 }
-                Claim::Completed { fingerprint, payload } => {
+                Claim::Completed {
+                    fingerprint,
+                    payload,
+                } => {
                     if !fp.matches(&fingerprint) {
                         return Err(Error::KeyReuse { key });
                     }
@@ -597,9 +617,13 @@ impl ReleaseGuard {
     async fn release(&mut self) {
         if let Some(token) = self.token.take() {
             match self.store.release(&self.key, token).await {
-                Ok(()) => tracing::debug!(target: "idem", key = %self.key, token = %token, "released"),
-                Err(e) => tracing::warn!(target: "idem", key = %self.key, token = %token, error = %e,
-                    "could not release the claim; it ends with its lease"),
+                Ok(()) => {
+                    tracing::debug!(target: "idem", key = %self.key, token = %token, "released")
+                }
+                Err(e) => {
+                    tracing::warn!(target: "idem", key = %self.key, token = %token, error = %e,
+                    "could not release the claim; it ends with its lease")
+                }
             }
         }
     }
@@ -617,8 +641,10 @@ impl Drop for ReleaseGuard {
                     match store.release(&key, token).await {
                         Ok(()) => tracing::debug!(target: "idem", key = %key, token = %token,
                             "released after the call was dropped or panicked"),
-                        Err(e) => tracing::warn!(target: "idem", key = %key, token = %token, error = %e,
-                            "could not release a dropped call's claim; it ends with its lease"),
+                        Err(e) => {
+                            tracing::warn!(target: "idem", key = %key, token = %token, error = %e,
+                            "could not release a dropped call's claim; it ends with its lease")
+                        }
                     }
                 });
             }

@@ -52,7 +52,10 @@ pub(crate) fn seal<C: Codec, T: Serialize + ?Sized>(
 }
 
 /// Reads the header and returns the kind and the payload.
-pub(crate) fn open<'a, C: Codec>(codec: &C, bytes: &'a [u8]) -> Result<(Kind, u64, &'a [u8]), DecodeError> {
+pub(crate) fn open<'a, C: Codec>(
+    codec: &C,
+    bytes: &'a [u8],
+) -> Result<(Kind, u64, &'a [u8]), DecodeError> {
     if bytes.len() < HEADER || &bytes[..4] != MAGIC {
         return Err(DecodeError::NotAnEnvelope);
     }
@@ -88,10 +91,12 @@ pub(crate) fn decode_payload<C: Codec, T: DeserializeOwned>(
             expected: std::any::type_name::<T>(),
         });
     }
-    codec.decode(payload).map_err(|source| DecodeError::Payload {
-        codec: codec.name(),
-        source,
-    })
+    codec
+        .decode(payload)
+        .map_err(|source| DecodeError::Payload {
+            codec: codec.name(),
+            source,
+        })
 }
 
 #[cfg(test)]
@@ -110,13 +115,25 @@ mod tests {
         let err = decode_payload::<_, Vec<u64>>(&Json, tag, payload).unwrap_err();
         assert!(matches!(err, DecodeError::Type { .. }), "{err:?}");
         // Garbage and truncation.
-        assert!(matches!(open(&Json, b"{\"a\":1}"), Err(DecodeError::NotAnEnvelope)));
-        assert!(matches!(open(&Json, &sealed[..10]), Err(DecodeError::NotAnEnvelope)));
+        assert!(matches!(
+            open(&Json, b"{\"a\":1}"),
+            Err(DecodeError::NotAnEnvelope)
+        ));
+        assert!(matches!(
+            open(&Json, &sealed[..10]),
+            Err(DecodeError::NotAnEnvelope)
+        ));
         let mut newer = sealed.clone();
         newer[4] = 9;
-        assert!(matches!(open(&Json, &newer), Err(DecodeError::Version { found: 9, .. })));
+        assert!(matches!(
+            open(&Json, &newer),
+            Err(DecodeError::Version { found: 9, .. })
+        ));
         let mut other_codec = sealed;
         other_codec[5] = 77;
-        assert!(matches!(open(&Json, &other_codec), Err(DecodeError::Codec { found: 77, .. })));
+        assert!(matches!(
+            open(&Json, &other_codec),
+            Err(DecodeError::Codec { found: 77, .. })
+        ));
     }
 }

@@ -130,7 +130,9 @@ pub enum DecodeError {
     #[error("the stored value is not an idem record envelope")]
     NotAnEnvelope,
     /// The envelope was written by a newer or unknown format version.
-    #[error("record format version {found} is not supported (this build reads version {expected})")]
+    #[error(
+        "record format version {found} is not supported (this build reads version {expected})"
+    )]
     Version {
         /// The version in the record.
         found: u8,
@@ -226,6 +228,9 @@ pub enum StoreError {
 impl StoreError {
     /// Whether trying again later may succeed.
     pub fn is_temporary(&self) -> bool {
-        matches!(self, StoreError::Unavailable { .. } | StoreError::Timeout { .. })
+        matches!(
+            self,
+            StoreError::Unavailable { .. } | StoreError::Timeout { .. }
+        )
     }
 }

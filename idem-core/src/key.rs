@@ -49,7 +49,9 @@ impl Key {
             )));
         }
         if scope.contains('/') {
-            return Err(invalid("the scope contains `/`, which separates scope and id".into()));
+            return Err(invalid(
+                "the scope contains `/`, which separates scope and id".into(),
+            ));
         }
         if id.is_empty() {
             return Err(invalid("the key id is empty".into()));

@@ -3,7 +3,7 @@
 //!
 //! Most users depend on the `idem` crate, which re-exports all of this together with the
 //! `#[idempotent]` attribute and the store backends. Depend on `idem-core` directly to
-//! write a store backend; its conformance suite is in [`testing`] (feature `testing`).
+//! write a store backend; its conformance suite is in the module `testing` (feature `testing`).
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

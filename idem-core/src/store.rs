@@ -162,10 +162,21 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// becomes an in-progress record held for `lease` under a new token (`Acquired`,
     /// `recovered` when a lease was taken over); a live in-progress record answers
     /// `InProgress`; a completed record answers `Completed` with its payload.
-    async fn claim(&self, key: &Key, fingerprint: &Fingerprint, lease: Duration) -> Result<Claim, StoreError>;
+    async fn claim(
+        &self,
+        key: &Key,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<Claim, StoreError>;
 
     /// Stores the result for `ttl` if `token` is current; [`StoreError::Fenced`] otherwise.
-    async fn complete(&self, key: &Key, token: Token, payload: Bytes, ttl: Duration) -> Result<(), StoreError>;
+    async fn complete(
+        &self,
+        key: &Key,
+        token: Token,
+        payload: Bytes,
+        ttl: Duration,
+    ) -> Result<(), StoreError>;
 
     /// Deletes the in-progress record if `token` is current, so that a retry runs again;
     /// [`StoreError::Fenced`] otherwise.

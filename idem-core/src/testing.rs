@@ -25,7 +25,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::{Capabilities, Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, StoreError, Token};
+use crate::{
+    Capabilities, Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, StoreError,
+    Token,
+};
 
 /// A lease long enough that it does not end during a test step.
 const LONG: Duration = Duration::from_secs(30);
@@ -95,7 +98,9 @@ pub fn backend_url(var: &str) -> Option<String> {
             if std::env::var("IDEM_REQUIRE_BACKENDS").as_deref() == Ok("1") {
                 panic!("IDEM_REQUIRE_BACKENDS=1 but {var} is not set: this backend test needs its server");
             }
-            eprintln!("skipped: {var} is not set, so this backend test has no server to run against");
+            eprintln!(
+                "skipped: {var} is not set, so this backend test has no server to run against"
+            );
             None
         }
     }
@@ -117,7 +122,11 @@ async fn acquire(store: &dyn Store, k: &Key, f: &Fingerprint, lease: Duration) -
 }
 
 async fn completed_payload(store: &dyn Store, k: &Key) -> Bytes {
-    match store.claim(k, &Fingerprint::NONE, LONG).await.expect("claim") {
+    match store
+        .claim(k, &Fingerprint::NONE, LONG)
+        .await
+        .expect("claim")
+    {
         Claim::Completed { payload, .. } => payload,
         other => panic!("expected Completed for {k}, got {other:?}"),
     }
@@ -145,8 +154,14 @@ pub async fn claim_held_key_is_in_progress(store: Arc<dyn Store>) {
     acquire(&*store, &k, &fp(1), LONG).await;
     match store.claim(&k, &fp(1), LONG).await.unwrap() {
         Claim::InProgress { retry_after, .. } => {
-            assert!(retry_after <= LONG, "retry_after {retry_after:?} exceeds the lease");
-            assert!(retry_after >= LONG / 2, "retry_after {retry_after:?} is far below the lease");
+            assert!(
+                retry_after <= LONG,
+                "retry_after {retry_after:?} exceeds the lease"
+            );
+            assert!(
+                retry_after >= LONG / 2,
+                "retry_after {retry_after:?} is far below the lease"
+            );
         }
         other => panic!("expected InProgress, got {other:?}"),
     }
@@ -156,9 +171,15 @@ pub async fn claim_held_key_is_in_progress(store: Arc<dyn Store>) {
 pub async fn complete_then_claim_replays_payload(store: Arc<dyn Store>) {
     let k = key(&unique_scope("replay"), "k");
     let t = acquire(&*store, &k, &fp(1), LONG).await;
-    store.complete(&k, t, Bytes::from_static(b"result-1"), LONG).await.unwrap();
+    store
+        .complete(&k, t, Bytes::from_static(b"result-1"), LONG)
+        .await
+        .unwrap();
     for _ in 0..3 {
-        assert_eq!(completed_payload(&*store, &k).await, Bytes::from_static(b"result-1"));
+        assert_eq!(
+            completed_payload(&*store, &k).await,
+            Bytes::from_static(b"result-1")
+        );
     }
 }
 
@@ -167,7 +188,10 @@ pub async fn release_lets_next_claim_acquire(store: Arc<dyn Store>) {
     let k = key(&unique_scope("release"), "k");
     let t1 = acquire(&*store, &k, &fp(1), LONG).await;
     store.release(&k, t1).await.unwrap();
-    assert!(store.get(&k).await.unwrap().is_none(), "a released key has no record");
+    assert!(
+        store.get(&k).await.unwrap().is_none(),
+        "a released key has no record"
+    );
     let t2 = acquire(&*store, &k, &fp(1), LONG).await;
     assert_ne!(t1, t2, "a new claim gets a new token");
 }
@@ -183,16 +207,26 @@ pub async fn get_sees_in_progress_then_completed(store: Arc<dyn Store>) {
     let k = key(&unique_scope("get"), "k");
     let t = acquire(&*store, &k, &fp(3), LONG).await;
     match store.get(&k).await.unwrap() {
-        Some(Record::InProgress { token, fingerprint, lease_remaining }) => {
+        Some(Record::InProgress {
+            token,
+            fingerprint,
+            lease_remaining,
+        }) => {
             assert_eq!(token, t);
             assert_eq!(fingerprint, fp(3));
             assert!(lease_remaining <= LONG && lease_remaining > Duration::ZERO);
         }
         other => panic!("expected InProgress, got {other:?}"),
     }
-    store.complete(&k, t, Bytes::from_static(b"done"), LONG).await.unwrap();
+    store
+        .complete(&k, t, Bytes::from_static(b"done"), LONG)
+        .await
+        .unwrap();
     match store.get(&k).await.unwrap() {
-        Some(Record::Completed { payload, fingerprint }) => {
+        Some(Record::Completed {
+            payload,
+            fingerprint,
+        }) => {
             assert_eq!(payload, Bytes::from_static(b"done"));
             assert_eq!(fingerprint, fp(3));
         }
@@ -204,8 +238,14 @@ pub async fn get_sees_in_progress_then_completed(store: Arc<dyn Store>) {
 pub async fn delete_removes_record(store: Arc<dyn Store>) {
     let k = key(&unique_scope("delete"), "k");
     let t = acquire(&*store, &k, &fp(1), LONG).await;
-    store.complete(&k, t, Bytes::from_static(b"x"), LONG).await.unwrap();
-    assert!(store.delete(&k).await.unwrap(), "delete of a live record answers true");
+    store
+        .complete(&k, t, Bytes::from_static(b"x"), LONG)
+        .await
+        .unwrap();
+    assert!(
+        store.delete(&k).await.unwrap(),
+        "delete of a live record answers true"
+    );
     assert!(store.get(&k).await.unwrap().is_none());
     acquire(&*store, &k, &fp(1), LONG).await;
 }
@@ -220,12 +260,23 @@ pub async fn delete_missing_is_false(store: Arc<dyn Store>) {
 pub async fn completed_record_expires_after_ttl(store: Arc<dyn Store>) {
     let k = key(&unique_scope("expiry"), "k");
     let t = acquire(&*store, &k, &fp(1), LONG).await;
-    store.complete(&k, t, Bytes::from_static(b"x"), SHORT).await.unwrap();
-    assert!(matches!(store.get(&k).await.unwrap(), Some(Record::Completed { .. })));
+    store
+        .complete(&k, t, Bytes::from_static(b"x"), SHORT)
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.get(&k).await.unwrap(),
+        Some(Record::Completed { .. })
+    ));
     tokio::time::sleep(PAST_SHORT).await;
-    assert!(store.get(&k).await.unwrap().is_none(), "the record outlived its ttl");
+    assert!(
+        store.get(&k).await.unwrap().is_none(),
+        "the record outlived its ttl"
+    );
     match store.claim(&k, &fp(2), LONG).await.unwrap() {
-        Claim::Acquired { recovered, .. } => assert!(!recovered, "an expired result is not a recovery"),
+        Claim::Acquired { recovered, .. } => {
+            assert!(!recovered, "an expired result is not a recovery")
+        }
         other => panic!("expected Acquired after expiry, got {other:?}"),
     }
 }
@@ -234,16 +285,25 @@ pub async fn completed_record_expires_after_ttl(store: Arc<dyn Store>) {
 pub async fn completed_record_outlives_its_lease(store: Arc<dyn Store>) {
     let k = key(&unique_scope("outlives-lease"), "k");
     let t = acquire(&*store, &k, &fp(1), SHORT).await;
-    store.complete(&k, t, Bytes::from_static(b"kept"), LONG).await.unwrap();
+    store
+        .complete(&k, t, Bytes::from_static(b"kept"), LONG)
+        .await
+        .unwrap();
     tokio::time::sleep(PAST_SHORT).await;
-    assert_eq!(completed_payload(&*store, &k).await, Bytes::from_static(b"kept"));
+    assert_eq!(
+        completed_payload(&*store, &k).await,
+        Bytes::from_static(b"kept")
+    );
 }
 
 /// Once a lease ends, another claim takes the key over with a new token, marked recovered.
 pub async fn lease_takeover_after_lease_ends(store: Arc<dyn Store>) {
     let k = key(&unique_scope("takeover"), "k");
     let t1 = acquire(&*store, &k, &fp(1), SHORT).await;
-    assert!(matches!(store.claim(&k, &fp(1), LONG).await.unwrap(), Claim::InProgress { .. }));
+    assert!(matches!(
+        store.claim(&k, &fp(1), LONG).await.unwrap(),
+        Claim::InProgress { .. }
+    ));
     tokio::time::sleep(PAST_SHORT).await;
     match store.claim(&k, &fp(1), LONG).await.unwrap() {
         Claim::Acquired { token, recovered } => {
@@ -262,11 +322,20 @@ pub async fn extend_keeps_lease_alive(store: Arc<dyn Store>) {
     let t = acquire(&*store, &k, &fp(1), SHORT).await;
     for _ in 0..4 {
         tokio::time::sleep(SHORT / 3).await;
-        store.extend(&k, t, SHORT).await.expect("extend by the holder");
+        store
+            .extend(&k, t, SHORT)
+            .await
+            .expect("extend by the holder");
     }
     // 4 * SHORT/3 > SHORT: without the extensions the lease would have ended.
-    assert!(matches!(store.claim(&k, &fp(1), LONG).await.unwrap(), Claim::InProgress { .. }));
-    store.complete(&k, t, Bytes::from_static(b"ok"), LONG).await.expect("complete after extensions");
+    assert!(matches!(
+        store.claim(&k, &fp(1), LONG).await.unwrap(),
+        Claim::InProgress { .. }
+    ));
+    store
+        .complete(&k, t, Bytes::from_static(b"ok"), LONG)
+        .await
+        .expect("complete after extensions");
 }
 
 async fn stale_and_current(store: &dyn Store, k: &Key) -> (Token, Token) {
@@ -280,17 +349,33 @@ async fn stale_and_current(store: &dyn Store, k: &Key) -> (Token, Token) {
 pub async fn fencing_stale_token_cannot_complete(store: Arc<dyn Store>) {
     let k = key(&unique_scope("fence-complete"), "k");
     let (stale, current) = stale_and_current(&*store, &k).await;
-    assert_fenced(store.complete(&k, stale, Bytes::from_static(b"stale"), LONG).await, "complete with a stale token");
-    assert!(matches!(store.get(&k).await.unwrap(), Some(Record::InProgress { token, .. }) if token == current));
-    store.complete(&k, current, Bytes::from_static(b"fresh"), LONG).await.unwrap();
-    assert_eq!(completed_payload(&*store, &k).await, Bytes::from_static(b"fresh"));
+    assert_fenced(
+        store
+            .complete(&k, stale, Bytes::from_static(b"stale"), LONG)
+            .await,
+        "complete with a stale token",
+    );
+    assert!(
+        matches!(store.get(&k).await.unwrap(), Some(Record::InProgress { token, .. }) if token == current)
+    );
+    store
+        .complete(&k, current, Bytes::from_static(b"fresh"), LONG)
+        .await
+        .unwrap();
+    assert_eq!(
+        completed_payload(&*store, &k).await,
+        Bytes::from_static(b"fresh")
+    );
 }
 
 /// A stale token cannot extend the successor's lease.
 pub async fn fencing_stale_token_cannot_extend(store: Arc<dyn Store>) {
     let k = key(&unique_scope("fence-extend"), "k");
     let (stale, current) = stale_and_current(&*store, &k).await;
-    assert_fenced(store.extend(&k, stale, LONG).await, "extend with a stale token");
+    assert_fenced(
+        store.extend(&k, stale, LONG).await,
+        "extend with a stale token",
+    );
     store.extend(&k, current, LONG).await.unwrap();
 }
 
@@ -299,39 +384,69 @@ pub async fn fencing_stale_token_cannot_release(store: Arc<dyn Store>) {
     let k = key(&unique_scope("fence-release"), "k");
     let (stale, current) = stale_and_current(&*store, &k).await;
     assert_fenced(store.release(&k, stale).await, "release with a stale token");
-    assert!(matches!(store.get(&k).await.unwrap(), Some(Record::InProgress { token, .. }) if token == current));
+    assert!(
+        matches!(store.get(&k).await.unwrap(), Some(Record::InProgress { token, .. }) if token == current)
+    );
 }
 
 /// complete, extend and release of a key never claimed are refused.
 pub async fn fencing_unknown_token_is_refused(store: Arc<dyn Store>) {
     let k = key(&unique_scope("fence-unknown"), "k");
     let t = Token(0x5eed);
-    assert_fenced(store.complete(&k, t, Bytes::from_static(b"x"), LONG).await, "complete without a claim");
+    assert_fenced(
+        store.complete(&k, t, Bytes::from_static(b"x"), LONG).await,
+        "complete without a claim",
+    );
     assert_fenced(store.extend(&k, t, LONG).await, "extend without a claim");
     assert_fenced(store.release(&k, t).await, "release without a claim");
-    assert!(store.get(&k).await.unwrap().is_none(), "nothing was written");
+    assert!(
+        store.get(&k).await.unwrap().is_none(),
+        "nothing was written"
+    );
     // A held key refuses another token too.
     let held = acquire(&*store, &k, &fp(1), LONG).await;
     let other = Token(held.0.wrapping_add(1));
-    assert_fenced(store.complete(&k, other, Bytes::from_static(b"x"), LONG).await, "complete with a wrong token");
+    assert_fenced(
+        store
+            .complete(&k, other, Bytes::from_static(b"x"), LONG)
+            .await,
+        "complete with a wrong token",
+    );
 }
 
 /// A stored result cannot be overwritten by completing again.
 pub async fn complete_twice_is_fenced(store: Arc<dyn Store>) {
     let k = key(&unique_scope("complete-twice"), "k");
     let t = acquire(&*store, &k, &fp(1), LONG).await;
-    store.complete(&k, t, Bytes::from_static(b"first"), LONG).await.unwrap();
-    assert_fenced(store.complete(&k, t, Bytes::from_static(b"second"), LONG).await, "second complete");
-    assert_eq!(completed_payload(&*store, &k).await, Bytes::from_static(b"first"));
+    store
+        .complete(&k, t, Bytes::from_static(b"first"), LONG)
+        .await
+        .unwrap();
+    assert_fenced(
+        store
+            .complete(&k, t, Bytes::from_static(b"second"), LONG)
+            .await,
+        "second complete",
+    );
+    assert_eq!(
+        completed_payload(&*store, &k).await,
+        Bytes::from_static(b"first")
+    );
 }
 
 /// A stored result cannot be released by its former holder.
 pub async fn release_after_complete_is_fenced(store: Arc<dyn Store>) {
     let k = key(&unique_scope("release-completed"), "k");
     let t = acquire(&*store, &k, &fp(1), LONG).await;
-    store.complete(&k, t, Bytes::from_static(b"kept"), LONG).await.unwrap();
+    store
+        .complete(&k, t, Bytes::from_static(b"kept"), LONG)
+        .await
+        .unwrap();
     assert_fenced(store.release(&k, t).await, "release after complete");
-    assert_eq!(completed_payload(&*store, &k).await, Bytes::from_static(b"kept"));
+    assert_eq!(
+        completed_payload(&*store, &k).await,
+        Bytes::from_static(b"kept")
+    );
 }
 
 /// 100 tasks claim one key at once: exactly one acquires, the others see it in progress.
@@ -369,7 +484,10 @@ pub async fn empty_payload_round_trips(store: Arc<dyn Store>) {
 /// A 1 MiB payload round-trips byte for byte.
 pub async fn large_payload_round_trips(store: Arc<dyn Store>) {
     let k = key(&unique_scope("large"), "k");
-    let payload: Bytes = (0..(1usize << 20)).map(|i| (i * 31 % 251) as u8).collect::<Vec<_>>().into();
+    let payload: Bytes = (0..(1usize << 20))
+        .map(|i| (i * 31 % 251) as u8)
+        .collect::<Vec<_>>()
+        .into();
     let t = acquire(&*store, &k, &fp(1), LONG).await;
     store.complete(&k, t, payload.clone(), LONG).await.unwrap();
     let back = completed_payload(&*store, &k).await;
@@ -383,7 +501,10 @@ pub async fn binary_payload_round_trips(store: Arc<dyn Store>) {
     let mut payload: Vec<u8> = (0..=255u8).collect();
     payload.extend_from_slice(&[0, 0, 0xff, 0xfe, 0xc3, 0x28]);
     let t = acquire(&*store, &k, &fp(1), LONG).await;
-    store.complete(&k, t, Bytes::from(payload.clone()), LONG).await.unwrap();
+    store
+        .complete(&k, t, Bytes::from(payload.clone()), LONG)
+        .await
+        .unwrap();
     assert_eq!(completed_payload(&*store, &k).await, Bytes::from(payload));
 }
 
@@ -391,7 +512,10 @@ async fn distinct_ids(store: &dyn Store, scope: &str, ids: &[String]) {
     for (i, id) in ids.iter().enumerate() {
         let k = key(scope, id);
         let t = acquire(store, &k, &fp(1), LONG).await;
-        store.complete(&k, t, Bytes::from(i.to_string()), LONG).await.unwrap();
+        store
+            .complete(&k, t, Bytes::from(i.to_string()), LONG)
+            .await
+            .unwrap();
     }
     for (i, id) in ids.iter().enumerate() {
         let k = key(scope, id);
@@ -405,17 +529,28 @@ async fn distinct_ids(store: &dyn Store, scope: &str, ids: &[String]) {
 
 /// Unicode keys that differ only in normalisation or case stay distinct.
 pub async fn unicode_keys_are_distinct(store: Arc<dyn Store>) {
-    let ids: Vec<String> = ["café", "cafe\u{301}", "CAFÉ", "日本語", "🦀", "\u{2126}", "\u{3a9}"]
-        .into_iter()
-        .map(String::from)
-        .collect();
+    let ids: Vec<String> = [
+        "café",
+        "cafe\u{301}",
+        "CAFÉ",
+        "日本語",
+        "🦀",
+        "\u{2126}",
+        "\u{3a9}",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
     distinct_ids(&*store, &unique_scope("unicode"), &ids).await;
 }
 
 /// 1 KiB keys that differ only in their last byte stay distinct.
 pub async fn long_keys_are_distinct(store: Arc<dyn Store>) {
     let base = "x".repeat(crate::MAX_ID_LEN - 1);
-    let ids: Vec<String> = ["a", "b", "c"].iter().map(|s| format!("{base}{s}")).collect();
+    let ids: Vec<String> = ["a", "b", "c"]
+        .iter()
+        .map(|s| format!("{base}{s}"))
+        .collect();
     distinct_ids(&*store, &unique_scope("long"), &ids).await;
 }
 
@@ -423,7 +558,21 @@ pub async fn long_keys_are_distinct(store: Arc<dyn Store>) {
 /// and reach no other key.
 pub async fn special_character_keys_are_distinct(store: Arc<dyn Store>) {
     let ids: Vec<String> = [
-        "a b", "a*", "*", "{a}", "{", "}", "a:b", "a/b", "a\nb", "a\r\nb", "'; DROP TABLE x; --", "%", "_", "\\", "\"",
+        "a b",
+        "a*",
+        "*",
+        "{a}",
+        "{",
+        "}",
+        "a:b",
+        "a/b",
+        "a\nb",
+        "a\r\nb",
+        "'; DROP TABLE x; --",
+        "%",
+        "_",
+        "\\",
+        "\"",
     ]
     .into_iter()
     .map(String::from)
@@ -437,7 +586,10 @@ pub async fn scopes_keep_equal_ids_apart(store: Arc<dyn Store>) {
     let ka = key(&a, "same-id");
     let kb = key(&b, "same-id");
     let t = acquire(&*store, &ka, &fp(1), LONG).await;
-    store.complete(&ka, t, Bytes::from_static(b"a"), LONG).await.unwrap();
+    store
+        .complete(&ka, t, Bytes::from_static(b"a"), LONG)
+        .await
+        .unwrap();
     acquire(&*store, &kb, &fp(1), LONG).await;
 }
 
@@ -449,14 +601,20 @@ pub async fn fingerprint_is_kept(store: Arc<dyn Store>) {
         Claim::InProgress { fingerprint, .. } => assert_eq!(fingerprint, fp(7)),
         other => panic!("expected InProgress, got {other:?}"),
     }
-    store.complete(&k, t, Bytes::from_static(b"x"), LONG).await.unwrap();
+    store
+        .complete(&k, t, Bytes::from_static(b"x"), LONG)
+        .await
+        .unwrap();
     match store.claim(&k, &fp(8), LONG).await.unwrap() {
         Claim::Completed { fingerprint, .. } => assert_eq!(fingerprint, fp(7)),
         other => panic!("expected Completed, got {other:?}"),
     }
     let none = key(&unique_scope("fingerprint-none"), "k");
     let t = acquire(&*store, &none, &Fingerprint::NONE, LONG).await;
-    store.complete(&none, t, Bytes::from_static(b"x"), LONG).await.unwrap();
+    store
+        .complete(&none, t, Bytes::from_static(b"x"), LONG)
+        .await
+        .unwrap();
     match store.get(&none).await.unwrap() {
         Some(Record::Completed { fingerprint, .. }) => assert_eq!(fingerprint, Fingerprint::NONE),
         other => panic!("expected Completed, got {other:?}"),
@@ -471,7 +629,10 @@ pub async fn wait_capability_is_honest(store: Arc<dyn Store>) {
     let started = Instant::now();
     store.wait(&k, Duration::from_millis(200)).await.unwrap();
     let waited = started.elapsed();
-    assert!(waited < Duration::from_secs(5), "wait ignored its bound: {waited:?}");
+    assert!(
+        waited < Duration::from_secs(5),
+        "wait ignored its bound: {waited:?}"
+    );
 
     // A store that wakes waiters returns about 100ms in, when the record completes; one
     // that does not sleeps out the bound. The bound is short so that polling stores do not
@@ -487,15 +648,24 @@ pub async fn wait_capability_is_honest(store: Arc<dyn Store>) {
         })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
-    store.complete(&k, t, Bytes::from_static(b"x"), LONG).await.unwrap();
-    let waited = tokio::time::timeout(bound * 3, waiter).await.expect("wait hung").unwrap();
+    store
+        .complete(&k, t, Bytes::from_static(b"x"), LONG)
+        .await
+        .unwrap();
+    let waited = tokio::time::timeout(bound * 3, waiter)
+        .await
+        .expect("wait hung")
+        .unwrap();
     if caps.wakes_waiters {
         assert!(
             waited < bound * 2 / 3,
             "the store says it wakes waiters, but a waiter slept {waited:?} after the completion"
         );
     } else {
-        assert!(waited >= Duration::from_millis(100), "returned before anything changed: {waited:?}");
+        assert!(
+            waited >= Duration::from_millis(100),
+            "returned before anything changed: {waited:?}"
+        );
     }
 }
 
@@ -515,7 +685,9 @@ pub async fn engine_runs_once_and_replays(store: Arc<dyn Store>) {
         assert_eq!(v, vec!["a", "é"]);
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    let reuse = idem.run(k.clone(), fp(2), || async { vec![String::new()] }).await;
+    let reuse = idem
+        .run(k.clone(), fp(2), || async { vec![String::new()] })
+        .await;
     assert!(matches!(reuse, Err(Error::KeyReuse { .. })), "{reuse:?}");
 }
 
@@ -547,8 +719,15 @@ pub async fn engine_concurrent_duplicates_wait_for_one_run(store: Arc<dyn Store>
     for t in tasks {
         values.push(t.await.unwrap());
     }
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "the body ran more than once");
-    assert!(values.iter().all(|v| *v == values[0]), "callers got different values: {values:?}");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the body ran more than once"
+    );
+    assert!(
+        values.iter().all(|v| *v == values[0]),
+        "callers got different values: {values:?}"
+    );
 }
 
 /// Stamps one `#[tokio::test]` per conformance behaviour into a module named `$backend`.
@@ -559,38 +738,42 @@ pub async fn engine_concurrent_duplicates_wait_for_one_run(store: Arc<dyn Store>
 #[macro_export]
 macro_rules! conformance_tests {
     ($backend:ident, $make:expr) => {
-        $crate::__conformance_tests!($backend, $make, [
-            claim_fresh_key_is_acquired,
-            claim_held_key_is_in_progress,
-            complete_then_claim_replays_payload,
-            release_lets_next_claim_acquire,
-            get_missing_is_none,
-            get_sees_in_progress_then_completed,
-            delete_removes_record,
-            delete_missing_is_false,
-            completed_record_expires_after_ttl,
-            completed_record_outlives_its_lease,
-            lease_takeover_after_lease_ends,
-            extend_keeps_lease_alive,
-            fencing_stale_token_cannot_complete,
-            fencing_stale_token_cannot_extend,
-            fencing_stale_token_cannot_release,
-            fencing_unknown_token_is_refused,
-            complete_twice_is_fenced,
-            release_after_complete_is_fenced,
-            concurrent_claims_have_one_winner,
-            empty_payload_round_trips,
-            large_payload_round_trips,
-            binary_payload_round_trips,
-            unicode_keys_are_distinct,
-            long_keys_are_distinct,
-            special_character_keys_are_distinct,
-            scopes_keep_equal_ids_apart,
-            fingerprint_is_kept,
-            wait_capability_is_honest,
-            engine_runs_once_and_replays,
-            engine_concurrent_duplicates_wait_for_one_run,
-        ]);
+        $crate::__conformance_tests!(
+            $backend,
+            $make,
+            [
+                claim_fresh_key_is_acquired,
+                claim_held_key_is_in_progress,
+                complete_then_claim_replays_payload,
+                release_lets_next_claim_acquire,
+                get_missing_is_none,
+                get_sees_in_progress_then_completed,
+                delete_removes_record,
+                delete_missing_is_false,
+                completed_record_expires_after_ttl,
+                completed_record_outlives_its_lease,
+                lease_takeover_after_lease_ends,
+                extend_keeps_lease_alive,
+                fencing_stale_token_cannot_complete,
+                fencing_stale_token_cannot_extend,
+                fencing_stale_token_cannot_release,
+                fencing_unknown_token_is_refused,
+                complete_twice_is_fenced,
+                release_after_complete_is_fenced,
+                concurrent_claims_have_one_winner,
+                empty_payload_round_trips,
+                large_payload_round_trips,
+                binary_payload_round_trips,
+                unicode_keys_are_distinct,
+                long_keys_are_distinct,
+                special_character_keys_are_distinct,
+                scopes_keep_equal_ids_apart,
+                fingerprint_is_kept,
+                wait_capability_is_honest,
+                engine_runs_once_and_replays,
+                engine_concurrent_duplicates_wait_for_one_run,
+            ]
+        );
     };
 }
 
@@ -618,10 +801,15 @@ mod tests {
     #[test]
     fn behaviour_list_matches_the_macro() {
         let src = include_str!("testing.rs");
-        let start = src.find("$crate::__conformance_tests!($backend, $make, [").unwrap();
+        let start = src
+            .find("$crate::__conformance_tests!($backend, $make, [")
+            .unwrap();
         let list = &src[start..src[start..].find("]);").unwrap() + start];
         for name in super::BEHAVIOURS {
-            assert!(list.contains(&format!("{name},")), "{name} is not stamped by conformance_tests!");
+            assert!(
+                list.contains(&format!("{name},")),
+                "{name} is not stamped by conformance_tests!"
+            );
         }
         assert_eq!(list.matches(',').count() - 2, super::BEHAVIOURS.len());
     }

@@ -116,7 +116,9 @@ impl MemoryStore {
     pub fn purge_expired(&self) -> usize {
         let now = Instant::now();
         let before = self.shared.records.len();
-        self.shared.records.retain(|_, state| state.sweepable_at() > now);
+        self.shared
+            .records
+            .retain(|_, state| state.sweepable_at() > now);
         self.note_sweep(now);
         before.saturating_sub(self.shared.records.len())
     }
@@ -140,7 +142,9 @@ impl MemoryStore {
             .compare_exchange(last, now_ms, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
         {
-            self.shared.records.retain(|_, state| state.sweepable_at() > now);
+            self.shared
+                .records
+                .retain(|_, state| state.sweepable_at() > now);
         }
     }
 
@@ -189,7 +193,12 @@ impl MemoryStore {
 
 #[async_trait]
 impl Store for MemoryStore {
-    async fn claim(&self, key: &Key, fingerprint: &Fingerprint, lease: Duration) -> Result<Claim, StoreError> {
+    async fn claim(
+        &self,
+        key: &Key,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
         let now = Instant::now();
         self.maybe_sweep(now);
         let held = |token| State::InProgress {
@@ -233,7 +242,13 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn complete(&self, key: &Key, token: Token, payload: Bytes, ttl: Duration) -> Result<(), StoreError> {
+    async fn complete(
+        &self,
+        key: &Key,
+        token: Token,
+        payload: Bytes,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
         let expires_at = Instant::now() + ttl;
         self.with_held(key, token, |fp| {
             Some(State::Completed {
@@ -282,7 +297,10 @@ impl Store for MemoryStore {
                 fingerprint,
                 payload,
                 expires_at,
-            } if expires_at > now => Some(Record::Completed { fingerprint, payload }),
+            } if expires_at > now => Some(Record::Completed {
+                fingerprint,
+                payload,
+            }),
             _ => None,
         })
     }
@@ -338,15 +356,25 @@ mod tests {
         let store = MemoryStore::new();
         for i in 0..1000 {
             let k = key(&format!("k{i}"));
-            let Claim::Acquired { token, .. } = store.claim(&k, &Fingerprint::NONE, Duration::from_secs(5)).await.unwrap() else {
+            let Claim::Acquired { token, .. } = store
+                .claim(&k, &Fingerprint::NONE, Duration::from_secs(5))
+                .await
+                .unwrap()
+            else {
                 panic!("fresh key not acquired");
             };
-            store.complete(&k, token, Bytes::from_static(b"v"), Duration::from_secs(60)).await.unwrap();
+            store
+                .complete(&k, token, Bytes::from_static(b"v"), Duration::from_secs(60))
+                .await
+                .unwrap();
         }
         assert_eq!(store.len(), 1000);
         tokio::time::advance(Duration::from_secs(61)).await;
         // One claim after the sweep interval sweeps everything that ended.
-        store.claim(&key("fresh"), &Fingerprint::NONE, Duration::from_secs(5)).await.unwrap();
+        store
+            .claim(&key("fresh"), &Fingerprint::NONE, Duration::from_secs(5))
+            .await
+            .unwrap();
         assert_eq!(store.len(), 1, "only the fresh claim is left");
     }
 
@@ -356,10 +384,17 @@ mod tests {
         let short = key("short");
         let long = key("long");
         for (k, ttl) in [(&short, 10), (&long, 100)] {
-            let Claim::Acquired { token, .. } = store.claim(k, &Fingerprint::NONE, Duration::from_secs(5)).await.unwrap() else {
+            let Claim::Acquired { token, .. } = store
+                .claim(k, &Fingerprint::NONE, Duration::from_secs(5))
+                .await
+                .unwrap()
+            else {
                 panic!();
             };
-            store.complete(k, token, Bytes::new(), Duration::from_secs(ttl)).await.unwrap();
+            store
+                .complete(k, token, Bytes::new(), Duration::from_secs(ttl))
+                .await
+                .unwrap();
         }
         tokio::time::advance(Duration::from_secs(50)).await;
         assert_eq!(store.purge_expired(), 1);
@@ -371,7 +406,10 @@ mod tests {
     async fn waiters_map_is_emptied_after_waiting() {
         let store = MemoryStore::new();
         let k = key("w");
-        store.claim(&k, &Fingerprint::NONE, Duration::from_secs(5)).await.unwrap();
+        store
+            .claim(&k, &Fingerprint::NONE, Duration::from_secs(5))
+            .await
+            .unwrap();
         store.wait(&k, Duration::from_millis(10)).await.unwrap();
         assert!(store.shared.waiters.is_empty());
     }
