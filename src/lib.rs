@@ -144,7 +144,11 @@ pub use idem_stores::MemoryStore;
 /// # Keys and fingerprints
 ///
 /// A key is a scope plus an id. The scope is the function's module path and name
-/// (`my_crate::billing::charge`), so two functions never share a key by accident. The id
+/// (`my_crate::billing::charge`); for a method, the path of its `Self` type and its name
+/// (`my_crate::billing::Payments::charge`, generic arguments left out), so two functions,
+/// or two types' methods of one name, never share a key by accident. Associated functions
+/// without a receiver use the module path: give them a `scope` when two types in one module
+/// have one of the same name. The id
 /// is the `key = <expr>` value: a string or an integer stays readable (`order-42`), any
 /// other `Serialize` value becomes a 128-bit digest. Without `key`, the id is the digest
 /// of every argument that is not skipped. The fingerprint, which tells a retry from a

@@ -21,6 +21,16 @@ struct Faulty {
     fail_completes: AtomicU32,
     /// Completes that are stored, but whose answer is lost on the way back.
     lose_complete_answers: AtomicU32,
+    /// Milliseconds each complete and release takes before reaching the store.
+    complete_delay_ms: AtomicU32,
+    release_delay_ms: AtomicU32,
+}
+
+async fn delay(ms: &AtomicU32) {
+    let ms = ms.load(Ordering::SeqCst);
+    if ms > 0 {
+        tokio::time::sleep(Duration::from_millis(ms.into())).await;
+    }
 }
 
 fn unavailable() -> StoreError {
@@ -57,6 +67,7 @@ impl Store for Faulty {
     ) -> Result<(), StoreError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.completes.fetch_add(1, Ordering::SeqCst);
+        delay(&self.complete_delay_ms).await;
         if self
             .fail_completes
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -76,6 +87,7 @@ impl Store for Faulty {
     }
     async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        delay(&self.release_delay_ms).await;
         self.inner.release(key, token).await
     }
     async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
@@ -804,4 +816,140 @@ async fn tracing_events_mark_claim_replay_complete_release_and_takeover() {
         log.contains("engine-tests/t3"),
         "events name the key:\n{log}"
     );
+}
+
+#[tokio::test]
+async fn a_call_dropped_while_storing_its_result_does_not_invite_a_second_run() {
+    let (store, idem) = setup();
+    store.complete_delay_ms.store(200, Ordering::SeqCst);
+    let runs = AtomicU32::new(0);
+    let body = || async {
+        runs.fetch_add(1, Ordering::SeqCst);
+        "charged".to_string()
+    };
+    // The client gives up after the side effect, while the result is on its way to the store.
+    let first = tokio::time::timeout(
+        Duration::from_millis(50),
+        idem.run(key("dropped-in-complete"), Fingerprint::NONE, body),
+    )
+    .await;
+    assert!(first.is_err(), "the first call timed out");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let retry = idem
+        .run(key("dropped-in-complete"), Fingerprint::NONE, body)
+        .await;
+    assert!(matches!(retry, Err(Error::InProgress { .. })), "{retry:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the side effect ran once");
+}
+
+#[tokio::test]
+async fn a_call_dropped_while_releasing_still_releases() {
+    let (store, idem) = setup();
+    store.release_delay_ms.store(100, Ordering::SeqCst);
+    let k = key("dropped-in-release");
+    let first = tokio::time::timeout(
+        Duration::from_millis(30),
+        idem.call(k.clone())
+            .run_fallible(|| async { Err::<u8, _>(PayError::Timeout) }),
+    )
+    .await;
+    assert!(first.is_err(), "dropped during the release");
+    wait_until_released(&*store, &k).await;
+    store.release_delay_ms.store(0, Ordering::SeqCst);
+    let v: Result<u8, PayError> = idem.call(k).run_fallible(|| async { Ok(1) }).await;
+    assert_eq!(v, Ok(1));
+}
+
+#[tokio::test]
+async fn huge_durations_are_refused_not_overflowed() {
+    let (store, idem) = setup();
+    let out = idem
+        .call(key("forever"))
+        .ttl(Duration::MAX)
+        .run(|| async { 1u8 })
+        .await;
+    match out {
+        Err(Error::InvalidOption {
+            option: "ttl",
+            reason,
+            ..
+        }) => {
+            assert!(reason.contains("100 years"), "{reason}")
+        }
+        other => panic!("expected InvalidOption, got {other:?}"),
+    }
+    let out = idem
+        .call(key("forever"))
+        .lease(Duration::MAX)
+        .run(|| async { 1u8 })
+        .await;
+    assert!(
+        matches!(
+            out,
+            Err(Error::InvalidOption {
+                option: "lease",
+                ..
+            })
+        ),
+        "{out:?}"
+    );
+    assert_eq!(store.calls.load(Ordering::SeqCst), 0);
+    assert!(Idem::builder()
+        .store(MemoryStore::new())
+        .ttl(Duration::MAX)
+        .build()
+        .is_err());
+    // A store used directly saturates instead of panicking.
+    let memory = MemoryStore::new();
+    let Claim::Acquired { token, .. } = memory
+        .claim(&key("direct"), &Fingerprint::NONE, Duration::MAX)
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    memory
+        .complete(&key("direct"), token, Bytes::new(), Duration::MAX)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_result_that_does_not_survive_its_codec_is_refused_and_not_rerun() {
+    let (_, idem) = setup();
+    let runs = AtomicU32::new(0);
+    // JSON cannot encode a map with tuple keys.
+    for _ in 0..2 {
+        let out = idem
+            .run(key("tuple-keys"), Fingerprint::NONE, || async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                std::collections::HashMap::from([((1u8, 2u8), 3u8)])
+            })
+            .await;
+        assert!(
+            matches!(
+                out,
+                Err(Error::Encode { .. }) | Err(Error::InProgress { .. })
+            ),
+            "{out:?}"
+        );
+    }
+    // JSON writes NaN as null, which does not decode back into an f64: the first caller
+    // would otherwise get a value that every replay fails to decode.
+    for _ in 0..2 {
+        let out = idem
+            .run(key("nan"), Fingerprint::NONE, || async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                f64::NAN
+            })
+            .await;
+        assert!(
+            matches!(
+                out,
+                Err(Error::Encode { .. }) | Err(Error::InProgress { .. })
+            ),
+            "{out:?}"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "neither body ran twice");
 }

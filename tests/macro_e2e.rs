@@ -731,3 +731,52 @@ async fn integer_keys_stay_readable_and_an_invalid_key_fails_before_the_body() {
     assert!(matches!(err, Error::InvalidKey { .. }), "{err:?}");
     assert_eq!(runs(&calls), 1);
 }
+
+// --- methods of two types -------------------------------------------------------------------
+
+struct Orders {
+    idem: Idem,
+    runs: AtomicU32,
+}
+
+struct Users {
+    idem: Idem,
+    runs: AtomicU32,
+}
+
+impl Orders {
+    #[idempotent(store = self.idem)]
+    async fn create(&self, id: u64) -> String {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        format!("order {id}")
+    }
+}
+
+impl Users {
+    #[idempotent(store = self.idem)]
+    async fn create(&self, id: u64) -> String {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        format!("user {id}")
+    }
+}
+
+#[tokio::test]
+async fn same_named_methods_of_two_types_never_share_keys() {
+    let idem = engine();
+    let orders = Orders {
+        idem: (*idem).clone(),
+        runs: AtomicU32::new(0),
+    };
+    let users = Users {
+        idem: (*idem).clone(),
+        runs: AtomicU32::new(0),
+    };
+    for _ in 0..3 {
+        assert_eq!(orders.create(7).await.unwrap(), "order 7");
+        assert_eq!(users.create(7).await.unwrap(), "user 7");
+    }
+    assert_eq!((runs(&orders.runs), runs(&users.runs)), (1, 1));
+    // A method's default scope is its type's path and its name.
+    let scope = concat!(module_path!(), "::Orders::create");
+    assert!(stored(&idem, Key::digest(scope, &(&7u64,)).unwrap()).await);
+}

@@ -38,7 +38,9 @@ impl LocalCache {
     }
 
     pub fn insert(&self, key: Key, fingerprint: Fingerprint, payload: Bytes, ttl: Duration) {
-        let expires_at = Instant::now() + ttl.min(self.max_age);
+        let Some(expires_at) = Instant::now().checked_add(ttl.min(self.max_age)) else {
+            return;
+        };
         self.entries.insert(
             key,
             Hit {

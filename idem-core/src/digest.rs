@@ -9,6 +9,7 @@
 //! combined in sorted order, so a `HashMap` digests the same whatever its iteration order.
 //! Type names are not part of the encoding: renaming a struct keeps its digests.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use serde::ser::{self, Serialize};
@@ -21,6 +22,11 @@ const FINGERPRINT_CONTEXT: &str = "idem 2026-11-29 fingerprint v1";
 /// The 128-bit digest of `value`, as 32 lowercase hex characters: the key id of a
 /// value that is not a string or an integer.
 ///
+/// A value whose `Serialize` implementation fails (a `PathBuf` that is not UTF-8, say) has
+/// no stable digest. Then this returns a digest unique to the call, so that two such values
+/// never share a key; [`Key::digest`](crate::Key::digest) refuses them with
+/// `Error::InvalidKey` instead.
+///
 /// ```
 /// let a = idem_core::digest_hex(&("order", 42));
 /// assert_eq!(a.len(), 32);
@@ -28,11 +34,31 @@ const FINGERPRINT_CONTEXT: &str = "idem 2026-11-29 fingerprint v1";
 /// assert_ne!(a, idem_core::digest_hex(&("order", 43)));
 /// ```
 pub fn digest_hex<T: Serialize + ?Sized>(value: &T) -> String {
+    hex(&try_digest(key_hasher(), value).unwrap_or_else(|msg| unique_digest(&msg)))
+}
+
+/// The digest of `value`, or the error its `Serialize` implementation returned.
+pub(crate) fn try_digest_hex<T: Serialize + ?Sized>(value: &T) -> Result<String, String> {
+    try_digest(key_hasher(), value).map(|d| hex(&d))
+}
+
+/// The 128-bit fingerprint digest of `value`; unique to the call when `Serialize` fails, so
+/// that such a request is refused as another payload rather than answered with one.
+pub(crate) fn fingerprint_bytes<T: Serialize + ?Sized>(value: &T) -> [u8; 16] {
+    static FINGERPRINT: OnceLock<blake3::Hasher> = OnceLock::new();
+    let base = FINGERPRINT.get_or_init(|| blake3::Hasher::new_derive_key(FINGERPRINT_CONTEXT));
+    let full = try_digest(base, value).unwrap_or_else(|msg| unique_digest(&msg));
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&full[..16]);
+    out
+}
+
+fn key_hasher() -> &'static blake3::Hasher {
     static KEY: OnceLock<blake3::Hasher> = OnceLock::new();
-    let bytes = digest_with(
-        KEY.get_or_init(|| blake3::Hasher::new_derive_key(KEY_CONTEXT)),
-        value,
-    );
+    KEY.get_or_init(|| blake3::Hasher::new_derive_key(KEY_CONTEXT))
+}
+
+fn hex(bytes: &[u8; 32]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(32);
     for b in &bytes[..16] {
@@ -42,31 +68,31 @@ pub fn digest_hex<T: Serialize + ?Sized>(value: &T) -> String {
     out
 }
 
-/// The 128-bit fingerprint digest of `value`.
-pub(crate) fn fingerprint_bytes<T: Serialize + ?Sized>(value: &T) -> [u8; 16] {
-    static FINGERPRINT: OnceLock<blake3::Hasher> = OnceLock::new();
-    let full = digest_with(
-        FINGERPRINT.get_or_init(|| blake3::Hasher::new_derive_key(FINGERPRINT_CONTEXT)),
-        value,
-    );
-    let mut out = [0u8; 16];
-    out.copy_from_slice(&full[..16]);
-    out
-}
-
 /// Encodes `value` into a buffer, then hashes it in one update with a clone of the keyed
 /// hasher (deriving the key from the context string costs more than hashing a request).
-fn digest_with<T: Serialize + ?Sized>(base: &blake3::Hasher, value: &T) -> [u8; 32] {
+fn try_digest<T: Serialize + ?Sized>(base: &blake3::Hasher, value: &T) -> Result<[u8; 32], String> {
     let mut buf = Vec::with_capacity(128);
-    // The encoder cannot fail except through a user's Serialize impl returning a custom
-    // error; that error text is then hashed so the digest stays deterministic.
-    if let Err(DigestError(msg)) = value.serialize(Digester { out: &mut buf }) {
-        buf.push(tag::ERROR);
-        buf.extend_from_slice(msg.as_bytes());
-    }
+    value
+        .serialize(Digester { out: &mut buf })
+        .map_err(|DigestError(msg)| msg)?;
     let mut hasher = base.clone();
     hasher.update(&buf);
-    *hasher.finalize().as_bytes()
+    Ok(*hasher.finalize().as_bytes())
+}
+
+/// A digest no other call gets: for values that cannot be encoded.
+fn unique_digest(msg: &str) -> [u8; 32] {
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let mut h = blake3::Hasher::new_derive_key("idem 2026-11-29 value without a digest");
+    h.update(msg.as_bytes());
+    h.update(&nanos.to_le_bytes());
+    h.update(&std::process::id().to_le_bytes());
+    h.update(&CALLS.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    *h.finalize().as_bytes()
 }
 
 mod tag {
@@ -86,7 +112,6 @@ mod tag {
     pub const MAP: u8 = 0x0e;
     pub const STRUCT: u8 = 0x0f;
     pub const END: u8 = 0x10;
-    pub const ERROR: u8 = 0xff;
 }
 
 #[derive(Debug)]
@@ -485,6 +510,37 @@ mod tests {
         assert_eq!(digest_hex(&h), digest_hex(&b));
         b.insert("k0".into(), 1);
         assert_ne!(digest_hex(&h), digest_hex(&b));
+    }
+
+    /// Serializes like a path that is not UTF-8: always an error.
+    struct Unencodable(u8);
+    impl serde::Serialize for Unencodable {
+        fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+            Err(serde::ser::Error::custom(format!(
+                "path {} contains invalid UTF-8 characters",
+                self.0
+            )))
+        }
+    }
+
+    #[test]
+    fn values_that_fail_to_serialize_never_share_a_digest() {
+        assert!(try_digest_hex(&Unencodable(1))
+            .unwrap_err()
+            .contains("invalid UTF-8"));
+        assert_ne!(digest_hex(&Unencodable(1)), digest_hex(&Unencodable(2)));
+        assert_ne!(digest_hex(&Unencodable(1)), digest_hex(&Unencodable(1)));
+        assert_ne!(
+            fingerprint_bytes(&Unencodable(1)),
+            fingerprint_bytes(&Unencodable(1))
+        );
+        let err = crate::Key::digest("s", &Unencodable(1))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("could not be serialized") && err.contains("invalid UTF-8"),
+            "{err}"
+        );
     }
 
     #[test]

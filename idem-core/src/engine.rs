@@ -26,6 +26,9 @@ pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The shortest ttl or lease accepted: stores keep time in milliseconds.
 const MIN_DURATION: Duration = Duration::from_millis(1);
+/// The longest ttl, lease or wait accepted: 100 years. Longer ones would overflow clocks
+/// (`Instant + Duration`, Redis `PX`); no idempotency record needs to outlive that.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 /// Longest pause between two claims of a waiting caller on a store that does not wake waiters.
 const MAX_POLL: Duration = Duration::from_millis(250);
 const FIRST_POLL: Duration = Duration::from_millis(5);
@@ -133,7 +136,8 @@ impl IdemBuilder {
 
     /// Keeps up to `capacity` completed results in process memory for at most `max_age`,
     /// so that replays of hot keys skip the store. A record deleted from the store through
-    /// another process may still be replayed from here until `max_age` passes.
+    /// another process, or expired there, may still be replayed from here until `max_age`
+    /// passes: keep `max_age` short next to the ttl.
     pub fn local_cache(mut self, capacity: usize, max_age: Duration) -> Self {
         self.local_cache = Some((capacity, max_age));
         self
@@ -153,9 +157,9 @@ impl IdemBuilder {
             ("lease", lease),
             ("wait_timeout", wait_timeout),
         ] {
-            if d < MIN_DURATION {
+            if let Err(reason) = check_duration(d) {
                 return Err(Error::Connect {
-                    message: format!("Idem::builder(): `{name}` is {d:?}; it must be at least 1ms"),
+                    message: format!("Idem::builder(): `{name}` is {d:?}; {reason}"),
                     source: None,
                 });
             }
@@ -382,11 +386,11 @@ impl<'a, C: Codec> Call<'a, C> {
             ("lease", lease),
             ("wait_timeout", wait_timeout),
         ] {
-            if d < MIN_DURATION {
+            if let Err(reason) = check_duration(d) {
                 return Err(Error::InvalidOption {
                     key,
                     option,
-                    reason: format!("{d:?} is too short; it must be at least 1ms"),
+                    reason: format!("{d:?}: {reason}"),
                 });
             }
         }
@@ -473,23 +477,35 @@ impl<'a, C: Codec> Call<'a, C> {
         let (out, lease_lost) = with_heartbeat(store, &key, token, lease, body()).await;
 
         let sealed = match &out {
-            Ok(value) => Some(envelope::seal(codec, Kind::Value, value)),
-            Err(e) if policy.cache(e) => Some(policy.seal(codec, e)),
-            Err(_) => None,
-        };
-        let sealed = match sealed {
-            None => {
+            Ok(value) => envelope::seal(codec, Kind::Value, value),
+            Err(e) if policy.cache(e) => policy.seal(codec, e),
+            Err(_) => {
                 guard.release().await;
                 return Ok(out);
             }
-            Some(Err(source)) => {
-                guard.release().await;
+        };
+        // The body succeeded (or failed in a way to keep): from here on a release would
+        // invite a second run of its side effect. If the result is not stored, the claim
+        // ends with its lease instead, also when this future is dropped mid-way.
+        guard.disarm();
+        // Every caller gets the result as decoded from the store, the first one included,
+        // so a value that does not survive its codec is refused now, not at the replay.
+        let checked = sealed.and_then(|bytes| {
+            match decode::<C, T, E, P>(codec, &policy, key.clone(), &bytes) {
+                Ok(decoded) => Ok((Bytes::from(bytes), decoded)),
+                Err(Error::Decode { source, .. }) => Err(source.into()),
+                Err(other) => Err(other.into()),
+            }
+        });
+        let (sealed, out) = match checked {
+            Ok(pair) => pair,
+            Err(source) => {
+                tracing::warn!(target: "idem", key = %key, error = %source,
+                    "the result does not survive its codec; it is not stored, and the claim ends with its lease");
                 return Err(Error::Encode { key, source });
             }
-            Some(Ok(bytes)) => Bytes::from(bytes),
         };
         if lease_lost {
-            guard.disarm();
             return Err(Error::LeaseLost { key });
         }
         let mut attempt = 1;
@@ -497,7 +513,6 @@ impl<'a, C: Codec> Call<'a, C> {
             match store.complete(&key, token, sealed.clone(), ttl).await {
                 Ok(()) => break,
                 Err(StoreError::Fenced) => {
-                    guard.disarm();
                     // A retried complete is fenced when the first attempt was stored but
                     // its answer was lost: then the record holds exactly our bytes.
                     if attempt > 1 && stored_ours(store, &key, &sealed).await {
@@ -516,17 +531,25 @@ impl<'a, C: Codec> Call<'a, C> {
                 Err(source) => {
                     // The body ran but its result is not stored. Releasing would invite a
                     // second run at once; the lease ends on its own instead.
-                    guard.disarm();
                     return Err(store_error(&key, source));
                 }
             }
         }
-        guard.disarm();
         tracing::debug!(target: "idem", key = %key, token = %token, "completed");
         if let Some(cache) = &inner.cache {
             cache.insert(key, fp, sealed, ttl);
         }
         Ok(out)
+    }
+}
+
+fn check_duration(d: Duration) -> Result<(), &'static str> {
+    if d < MIN_DURATION {
+        Err("it must be at least 1ms")
+    } else if d > MAX_DURATION {
+        Err("it must be at most 100 years")
+    } else {
+        Ok(())
     }
 }
 
@@ -615,8 +638,12 @@ impl ReleaseGuard {
     }
 
     async fn release(&mut self) {
-        if let Some(token) = self.token.take() {
-            match self.store.release(&self.key, token).await {
+        // The token is cleared only once the release has answered: dropped mid-way, the
+        // guard still releases in the background.
+        if let Some(token) = self.token {
+            let res = self.store.release(&self.key, token).await;
+            self.token = None;
+            match res {
                 Ok(()) => {
                     tracing::debug!(target: "idem", key = %self.key, token = %token, "released")
                 }

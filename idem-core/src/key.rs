@@ -73,11 +73,25 @@ impl Key {
     }
 
     /// A key whose id is the 128-bit digest of `value` (see [`digest_hex`](crate::digest_hex)).
+    ///
+    /// A value whose `Serialize` implementation fails has no stable digest and is refused
+    /// with `Error::InvalidKey`.
     pub fn digest<T: serde::Serialize + ?Sized>(
         scope: impl AsRef<str>,
         value: &T,
     ) -> Result<Key, Error> {
-        Key::new(scope, digest::digest_hex(value))
+        let id =
+            digest::try_digest_hex(value).map_err(|msg| invalid_value(scope.as_ref(), &msg))?;
+        Key::new(scope, id)
+    }
+
+    /// A key id from a probe that may have failed to serialize the key value.
+    #[doc(hidden)]
+    pub fn from_id_result(scope: &str, id: Result<String, String>) -> Result<Key, Error> {
+        match id {
+            Ok(id) => Key::new(scope, id),
+            Err(msg) => Err(invalid_value(scope, &msg)),
+        }
     }
 
     /// The scope.
@@ -93,6 +107,13 @@ impl Key {
     /// `scope/id`: the string a store keeps the record under.
     pub fn as_str(&self) -> &str {
         &self.full
+    }
+}
+
+fn invalid_value(scope: &str, msg: &str) -> Error {
+    Error::InvalidKey {
+        key: shorten(&format!("{scope}/<value>")),
+        reason: format!("the key value could not be serialized, so it has no stable digest: {msg}"),
     }
 }
 

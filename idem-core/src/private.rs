@@ -30,24 +30,24 @@ pub struct KeyIdProbe<'a, T: ?Sized>(pub &'a T);
 /// Chosen first: strings and integers stay readable.
 pub trait ViaReadable {
     /// The key id.
-    fn __idem_key_id(&self) -> String;
+    fn __idem_key_id(&self) -> Result<String, String>;
 }
 
 impl<T: ReadableKeyId + ?Sized> ViaReadable for &KeyIdProbe<'_, T> {
-    fn __idem_key_id(&self) -> String {
-        self.0.key_id().into_owned()
+    fn __idem_key_id(&self) -> Result<String, String> {
+        Ok(self.0.key_id().into_owned())
     }
 }
 
 /// Chosen when the value is not a string or integer: a 128-bit digest.
 pub trait ViaDigest {
-    /// The key id.
-    fn __idem_key_id(&self) -> String;
+    /// The key id, or why the value could not be digested.
+    fn __idem_key_id(&self) -> Result<String, String>;
 }
 
 impl<T: Serialize + ?Sized> ViaDigest for &&KeyIdProbe<'_, T> {
-    fn __idem_key_id(&self) -> String {
-        crate::digest::digest_hex(self.0)
+    fn __idem_key_id(&self) -> Result<String, String> {
+        crate::digest::try_digest_hex(self.0)
     }
 }
 
@@ -55,18 +55,33 @@ impl<T: Serialize + ?Sized> ViaDigest for &&KeyIdProbe<'_, T> {
 /// same value, which fails to compile in that case, so this never runs.
 pub trait ViaNothing {
     /// The key id.
-    fn __idem_key_id(&self) -> String;
+    fn __idem_key_id(&self) -> Result<String, String>;
 }
 
 impl<T: ?Sized> ViaNothing for KeyIdProbe<'_, T> {
-    fn __idem_key_id(&self) -> String {
-        String::new()
+    fn __idem_key_id(&self) -> Result<String, String> {
+        Ok(String::new())
     }
 }
 
 /// A key with a readable or digested id: what `key = <expr>` expands to.
-pub fn key(scope: &str, id: String) -> Result<Key, Error> {
-    Key::new(scope, id)
+pub fn key(scope: &str, id: Result<String, String>) -> Result<Key, Error> {
+    Key::from_id_result(scope, id)
+}
+
+/// The default scope of a method: the path of its `Self` type, without generic arguments,
+/// and its name (`my_crate::billing::Payments::charge`). Two types with a method of the same
+/// name in one module then never share keys. A path too long for a scope is shortened to
+/// the module path, the name and a digest of the type's path.
+pub fn method_scope<S: ?Sized>(module: &str, name: &str) -> String {
+    let full = std::any::type_name::<S>();
+    let path = full.split('<').next().unwrap_or(full);
+    let scope = format!("{path}::{name}");
+    if scope.len() <= crate::MAX_SCOPE_LEN && !scope.contains('/') {
+        return scope;
+    }
+    let tag = &crate::digest::digest_hex(path)[..12];
+    format!("{module}::{name}#{tag}")
 }
 
 /// A key whose id is the digest of the arguments: what a function without `key` uses.
@@ -329,13 +344,35 @@ mod tests {
 
     #[test]
     fn probes_keep_strings_and_integers_readable() {
-        assert_eq!((&&KeyIdProbe(&"order-42")).__idem_key_id(), "order-42");
-        assert_eq!((&&KeyIdProbe(&String::from("a b"))).__idem_key_id(), "a b");
-        assert_eq!((&&KeyIdProbe(&42u64)).__idem_key_id(), "42");
-        assert_eq!((&&KeyIdProbe(&-7i32)).__idem_key_id(), "-7");
-        let digest = (&&KeyIdProbe(&("order", 42))).__idem_key_id();
+        let id = |r: Result<String, String>| r.unwrap();
+        assert_eq!(id((&&KeyIdProbe(&"order-42")).__idem_key_id()), "order-42");
+        assert_eq!(
+            id((&&KeyIdProbe(&String::from("a b"))).__idem_key_id()),
+            "a b"
+        );
+        assert_eq!(id((&&KeyIdProbe(&42u64)).__idem_key_id()), "42");
+        assert_eq!(id((&&KeyIdProbe(&-7i32)).__idem_key_id()), "-7");
+        let digest = id((&&KeyIdProbe(&("order", 42))).__idem_key_id());
         assert_eq!(digest, crate::digest_hex(&("order", 42)));
         assert_eq!(digest.len(), 32);
+    }
+
+    struct Orders;
+    struct Users;
+    struct Generic<T>(T);
+
+    #[test]
+    fn method_scopes_name_the_type() {
+        let orders = method_scope::<Orders>(module_path!(), "create");
+        let users = method_scope::<Users>(module_path!(), "create");
+        assert_eq!(orders, "idem_core::private::tests::Orders::create");
+        assert_ne!(orders, users);
+        // Generic arguments do not split a type's keys.
+        assert_eq!(
+            method_scope::<Generic<u8>>("m", "f"),
+            method_scope::<Generic<String>>("m", "f")
+        );
+        assert!(Key::new(&orders, "1").is_ok());
     }
 
     // The borrow is the point: it selects the impl, as in the expansion.

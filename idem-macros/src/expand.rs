@@ -106,8 +106,13 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
     };
 
     let name = func.sig.ident.to_string();
+    // A method's default scope names its `Self` type, so that `Orders::create` and
+    // `Users::create` in one module never share keys.
     let scope = match &args.scope {
         Some(opt) => opt.value.to_token_stream(),
+        None if func.sig.receiver().is_some() => {
+            quote!(&#pr::method_scope::<Self>(::core::module_path!(), #name))
+        }
         None => quote!(::core::concat!(::core::module_path!(), "::", #name)),
     };
 

@@ -55,6 +55,13 @@ impl Default for Shared {
     }
 }
 
+/// `now + d`, saturating at the engine's longest duration instead of panicking on
+/// overflow when a caller hands the store a huge lease or ttl directly.
+fn later(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d)
+        .unwrap_or_else(|| now + idem_core::MAX_DURATION)
+}
+
 #[derive(Clone)]
 enum State {
     InProgress {
@@ -204,7 +211,7 @@ impl Store for MemoryStore {
         let held = |token| State::InProgress {
             fingerprint: *fingerprint,
             token,
-            lease_until: now + lease,
+            lease_until: later(now, lease),
         };
         Ok(match self.shared.records.entry(key.clone()) {
             Entry::Vacant(v) => {
@@ -249,7 +256,7 @@ impl Store for MemoryStore {
         payload: Bytes,
         ttl: Duration,
     ) -> Result<(), StoreError> {
-        let expires_at = Instant::now() + ttl;
+        let expires_at = later(Instant::now(), ttl);
         self.with_held(key, token, |fp| {
             Some(State::Completed {
                 fingerprint: *fp,
@@ -268,7 +275,7 @@ impl Store for MemoryStore {
     }
 
     async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
-        let lease_until = Instant::now() + lease;
+        let lease_until = later(Instant::now(), lease);
         self.with_held(key, token, |fp| {
             Some(State::InProgress {
                 fingerprint: *fp,
