@@ -2,7 +2,7 @@
 //! wait mode, bad input, decode errors, store faults, the local cache and tracing events.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{
@@ -753,69 +753,6 @@ async fn key_reuse_is_refused_while_in_progress_too() {
         .run(|| async { 1u8 })
         .await;
     assert!(matches!(out, Err(Error::KeyReuse { .. })), "{out:?}");
-}
-
-/// Collects the messages of idem's tracing events.
-#[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<String>>>);
-
-impl std::io::Write for Events {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap()
-            .push(String::from_utf8_lossy(buf).into_owned());
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-#[tokio::test(start_paused = true)]
-async fn tracing_events_mark_claim_replay_complete_release_and_takeover() {
-    let events = Events::default();
-    let sink = events.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .with_writer(move || sink.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
-
-    let store = MemoryStore::new();
-    let idem = Idem::new(store.clone());
-    let _: u8 = idem
-        .run(key("t1"), Fingerprint::NONE, || async { 1 })
-        .await
-        .unwrap();
-    let _: u8 = idem
-        .run(key("t1"), Fingerprint::NONE, || async { 1 })
-        .await
-        .unwrap();
-    let _: Result<u8, PayError> = idem
-        .call(key("t2"))
-        .run_fallible(|| async { Err(PayError::Timeout) })
-        .await;
-    // A holder that vanished: its lease ends and the next call takes over.
-    store
-        .claim(&key("t3"), &Fingerprint::NONE, Duration::from_secs(1))
-        .await
-        .unwrap();
-    tokio::time::advance(Duration::from_secs(2)).await;
-    let _: u8 = idem
-        .run(key("t3"), Fingerprint::NONE, || async { 3 })
-        .await
-        .unwrap();
-
-    let log = events.0.lock().unwrap().concat();
-    for needle in ["claimed", "replay", "completed", "released", "took over"] {
-        assert!(log.contains(needle), "no `{needle}` event in:\n{log}");
-    }
-    assert!(
-        log.contains("engine-tests/t3"),
-        "events name the key:\n{log}"
-    );
 }
 
 #[tokio::test]

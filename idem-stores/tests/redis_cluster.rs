@@ -191,9 +191,24 @@ async fn callers_on_several_cluster_connections_run_the_body_once() {
     }
 }
 
-/// Collects the text of every warning while it is the thread's subscriber.
+/// Collects the text of every warning from every thread. It is the process's global
+/// subscriber: a thread-local one (`set_default`) loses events when a sibling test thread,
+/// with no subscriber, reaches the warning's callsite first and tracing caches its interest
+/// as "never" for the whole process.
 #[derive(Clone, Default)]
 struct Warnings(Arc<Mutex<Vec<String>>>);
+
+impl Warnings {
+    fn global() -> &'static Warnings {
+        static GLOBAL: std::sync::OnceLock<Warnings> = std::sync::OnceLock::new();
+        GLOBAL.get_or_init(|| {
+            let w = Warnings::default();
+            tracing::subscriber::set_global_default(w.clone())
+                .expect("no other global subscriber in this test binary");
+            w
+        })
+    }
+}
 
 impl tracing::Subscriber for Warnings {
     fn enabled(&self, meta: &tracing::Metadata<'_>) -> bool {
@@ -226,7 +241,9 @@ async fn a_node_that_can_evict_is_named_at_connect() {
     let Some(spec) = backend_url(CLUSTER_VAR) else {
         return;
     };
+    let warnings = Warnings::global();
     let node = nodes(&spec)[0].clone();
+    let port = node.rsplit(':').next().unwrap().to_string();
     let mut one = ::redis::Client::open(node.as_str())
         .unwrap()
         .get_multiplexed_async_connection()
@@ -237,25 +254,26 @@ async fn a_node_that_can_evict_is_named_at_connect() {
         cmd.arg("SET").arg("maxmemory-policy").arg(policy);
         cmd
     };
-    // maxmemory stays 0, so nothing is evicted while the policy reads volatile-ttl.
+    let names_the_node = |w: &String| w.contains("volatile-ttl") && w.contains(&port);
+    let before = warnings.0.lock().unwrap().len();
+    // maxmemory stays 0, so nothing is evicted while the policy reads volatile-ttl. Other
+    // tests connecting meanwhile may warn too; this test looks for a warning after its own
+    // connect that names the node and the policy.
     let () = set_policy("volatile-ttl")
         .query_async(&mut one)
         .await
         .unwrap();
-    let warnings = Warnings::default();
-    let guard = tracing::subscriber::set_default(warnings.clone());
     let connected = RedisStore::builder().open_cluster(nodes(&spec)).await;
-    drop(guard);
+    let seen: Vec<String> = warnings.0.lock().unwrap()[before..].to_vec();
     let () = set_policy("noeviction")
         .query_async(&mut one)
         .await
         .unwrap();
     connected.unwrap();
-    let seen = warnings.0.lock().unwrap().clone();
-    let port = node.rsplit(':').next().unwrap().to_string();
-    assert_eq!(seen.len(), 1, "one node can evict: {seen:?}");
     assert!(
-        seen[0].contains("volatile-ttl") && seen[0].contains(&port),
-        "the warning names the policy and the node: {seen:?}"
+        seen.iter().any(names_the_node),
+        "no warning names node {port} and its policy: {seen:?}"
     );
+    // That noeviction warns about nothing is checked on a private server in redis.rs: here
+    // other tests share the cluster and may still log warnings from their own connects.
 }

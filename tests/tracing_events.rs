@@ -1,0 +1,87 @@
+//! The engine's tracing events. In a test binary of its own: tracing caches whether a
+//! callsite is wanted process-wide, and a sibling test thread without a subscriber that
+//! reaches a callsite first would hide it from the subscriber this test installs.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem::{Fingerprint, Idem, Key, MemoryStore, Store};
+
+fn key(id: &str) -> Key {
+    Key::new("engine-tests", id).unwrap()
+}
+
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+enum PayError {
+    Timeout,
+    Idem(String),
+}
+
+impl From<idem::Error> for PayError {
+    fn from(e: idem::Error) -> Self {
+        PayError::Idem(e.to_string())
+    }
+}
+
+/// Collects the messages of idem's tracing events.
+#[derive(Clone, Default)]
+struct Events(Arc<Mutex<Vec<String>>>);
+
+impl std::io::Write for Events {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap()
+            .push(String::from_utf8_lossy(buf).into_owned());
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn tracing_events_mark_claim_replay_complete_release_and_takeover() {
+    let events = Events::default();
+    let sink = events.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || sink.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let store = MemoryStore::new();
+    let idem = Idem::new(store.clone());
+    let _: u8 = idem
+        .run(key("t1"), Fingerprint::NONE, || async { 1 })
+        .await
+        .unwrap();
+    let _: u8 = idem
+        .run(key("t1"), Fingerprint::NONE, || async { 1 })
+        .await
+        .unwrap();
+    let _: Result<u8, PayError> = idem
+        .call(key("t2"))
+        .run_fallible(|| async { Err(PayError::Timeout) })
+        .await;
+    // A holder that vanished: its lease ends and the next call takes over.
+    store
+        .claim(&key("t3"), &Fingerprint::NONE, Duration::from_secs(1))
+        .await
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let _: u8 = idem
+        .run(key("t3"), Fingerprint::NONE, || async { 3 })
+        .await
+        .unwrap();
+
+    let log = events.0.lock().unwrap().concat();
+    for needle in ["claimed", "replay", "completed", "released", "took over"] {
+        assert!(log.contains(needle), "no `{needle}` event in:\n{log}");
+    }
+    assert!(
+        log.contains("engine-tests/t3"),
+        "events name the key:\n{log}"
+    );
+}
