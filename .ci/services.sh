@@ -44,7 +44,10 @@ REDIS_CLUSTER_PORTS=""
 _redis_spare_port() {
   local port
   for _ in $(seq 1 200); do
-    port=$((20000 + RANDOM % 20000))
+    # Node ports 20000-22767, so that each node's cluster bus (port + 10000) stays below
+    # the kernel's ephemeral range (32768 and up), where outgoing connections take ports
+    # that a listener then fails to bind.
+    port=$((20000 + RANDOM % 2768))
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null \
       && ! (exec 3<>"/dev/tcp/127.0.0.1/$((port + 10000))") 2>/dev/null \
       && [[ " $REDIS_CLUSTER_PORTS " != *" $port "* ]]; then
@@ -56,7 +59,20 @@ _redis_spare_port() {
   return 1
 }
 
+# Starts the cluster, trying again on fresh ports when a node fails to come up.
 start_redis_cluster() {
+  local attempt
+  for attempt in 1 2 3; do
+    if _start_redis_cluster_once; then
+      return 0
+    fi
+    echo "redis cluster: attempt $attempt failed, stopping its nodes" >&2
+    stop_redis_cluster
+  done
+  return 1
+}
+
+_start_redis_cluster_once() {
   REDIS_CLUSTER_URLS=""
   REDIS_CLUSTER_PORTS=""
   REDIS_CLUSTER_DIR=$(mktemp -d "${TMPDIR:-/tmp}/idem-redis-cluster.XXXXXX")
