@@ -5,7 +5,7 @@
 //! stamps one named `#[tokio::test]` per behaviour for a backend, so that its tests read
 //! `memory::lease_takeover`, `redis::fencing_stale_token_cannot_complete`, and so on:
 //!
-//! ```ignore
+//! ```text
 //! idem_core::conformance_tests!(memory, async { Some(idem_stores::MemoryStore::new()) });
 //! ```
 //!
