@@ -6,8 +6,10 @@
 //! numbered. The encoding does not depend on the platform, the process or the release,
 //! so a key computed on one machine today is the key computed on another tomorrow
 //! (golden vectors in the tests guard this). Map entries are hashed one by one and
-//! combined in sorted order, so a `HashMap` digests the same whatever its iteration order.
-//! Type names are not part of the encoding: renaming a struct keeps its digests.
+//! combined in sorted order, so a `HashMap` digests the same whatever its iteration order;
+//! a struct's fields are encoded in the order of their names, so reordering the fields of a
+//! type keeps its digests. Type names are not part of the encoding: renaming a struct keeps
+//! its digests too.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -71,13 +73,22 @@ fn hex(bytes: &[u8; 32]) -> String {
 /// Encodes `value` into a buffer, then hashes it in one update with a clone of the keyed
 /// hasher (deriving the key from the context string costs more than hashing a request).
 fn try_digest<T: Serialize + ?Sized>(base: &blake3::Hasher, value: &T) -> Result<[u8; 32], String> {
+    let buf = canonical(value)?;
+    let mut hasher = base.clone();
+    hasher.update(&buf);
+    Ok(*hasher.finalize().as_bytes())
+}
+
+/// The fixed encoding of `value` that digests hash, unhashed: two values with the same
+/// encoding are the same value as far as serde can tell (the same variants, the same
+/// `Some`/`None`, the same numbers bit for bit, maps and struct fields in any order). The
+/// engine compares a result with its decoded copy this way before storing it.
+pub(crate) fn canonical<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, String> {
     let mut buf = Vec::with_capacity(128);
     value
         .serialize(Digester { out: &mut buf })
         .map_err(|DigestError(msg)| msg)?;
-    let mut hasher = base.clone();
-    hasher.update(&buf);
-    Ok(*hasher.finalize().as_bytes())
+    Ok(buf)
 }
 
 /// A digest no other call gets: for values that cannot be encoded.
@@ -160,8 +171,8 @@ impl<'a> ser::Serializer for Digester<'a> {
     type SerializeTupleStruct = Seq<'a>;
     type SerializeTupleVariant = Seq<'a>;
     type SerializeMap = Map<'a>;
-    type SerializeStruct = Seq<'a>;
-    type SerializeStructVariant = Seq<'a>;
+    type SerializeStruct = Fields<'a>;
+    type SerializeStructVariant = Fields<'a>;
 
     fn serialize_bool(mut self, v: bool) -> R {
         self.tag(tag::BOOL);
@@ -305,22 +316,22 @@ impl<'a> ser::Serializer for Digester<'a> {
     fn serialize_struct(
         mut self,
         _name: &'static str,
-        _len: usize,
-    ) -> Result<Seq<'a>, DigestError> {
+        len: usize,
+    ) -> Result<Fields<'a>, DigestError> {
         self.tag(tag::STRUCT);
-        Ok(Seq { out: self.out })
+        Ok(Fields::new(self.out, len))
     }
     fn serialize_struct_variant(
         mut self,
         _name: &'static str,
         _i: u32,
         variant: &'static str,
-        _len: usize,
-    ) -> Result<Seq<'a>, DigestError> {
+        len: usize,
+    ) -> Result<Fields<'a>, DigestError> {
         self.tag(tag::VARIANT);
         self.str(variant);
         self.tag(tag::STRUCT);
-        Ok(Seq { out: self.out })
+        Ok(Fields::new(self.out, len))
     }
 }
 
@@ -379,26 +390,70 @@ impl ser::SerializeTupleVariant for Seq<'_> {
         Seq::end(self)
     }
 }
-impl ser::SerializeStruct for Seq<'_> {
-    type Ok = ();
-    type Error = DigestError;
-    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, v: &T) -> R {
-        Digester { out: self.out }.str(key);
-        self.item(v)
+/// Struct fields: each written as its name and value, then put in the order of their names,
+/// so that the order a type declares its fields in is not part of its digest.
+struct Fields<'a> {
+    out: &'a mut Vec<u8>,
+    /// Each field's name and where its encoding starts in `out`.
+    starts: Vec<(&'static str, usize)>,
+}
+
+impl<'a> Fields<'a> {
+    fn new(out: &'a mut Vec<u8>, len: usize) -> Self {
+        Fields {
+            out,
+            starts: Vec::with_capacity(len),
+        }
+    }
+    fn field<T: Serialize + ?Sized>(&mut self, name: &'static str, v: &T) -> R {
+        self.starts.push((name, self.out.len()));
+        Digester { out: self.out }.str(name);
+        v.serialize(Digester { out: self.out })
     }
     fn end(self) -> R {
-        Seq::end(self)
+        let Fields { out, starts } = self;
+        if !starts.windows(2).all(|w| w[0].0 <= w[1].0) {
+            let body = starts[0].1;
+            let encoded = out.split_off(body);
+            let mut parts: Vec<(&str, &[u8])> = starts
+                .iter()
+                .enumerate()
+                .map(|(i, &(name, at))| {
+                    let end = starts
+                        .get(i + 1)
+                        .map_or(encoded.len() + body, |next| next.1);
+                    (name, &encoded[at - body..end - body])
+                })
+                .collect();
+            // Stable: should a hand-written `Serialize` repeat a name, its order stays.
+            parts.sort_by(|a, b| a.0.cmp(b.0));
+            for (_, bytes) in parts {
+                out.extend_from_slice(bytes);
+            }
+        }
+        out.push(tag::END);
+        Ok(())
     }
 }
-impl ser::SerializeStructVariant for Seq<'_> {
+
+impl ser::SerializeStruct for Fields<'_> {
     type Ok = ();
     type Error = DigestError;
     fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, v: &T) -> R {
-        Digester { out: self.out }.str(key);
-        self.item(v)
+        self.field(key, v)
     }
     fn end(self) -> R {
-        Seq::end(self)
+        Fields::end(self)
+    }
+}
+impl ser::SerializeStructVariant for Fields<'_> {
+    type Ok = ();
+    type Error = DigestError;
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, v: &T) -> R {
+        self.field(key, v)
+    }
+    fn end(self) -> R {
+        Fields::end(self)
     }
 }
 
@@ -454,7 +509,8 @@ mod tests {
 
     /// Golden vectors: these strings must never change, or every stored key changes with them.
     /// They were also reproduced outside Rust, with Python's `blake3` package over the byte
-    /// encoding the module docs describe (derive_key context, tag bytes, u64 LE lengths).
+    /// encoding the module docs describe (derive_key context, tag bytes, u64 LE lengths,
+    /// struct fields in the order of their names).
     #[test]
     fn golden_vectors() {
         let cases: Vec<(String, &str)> = vec![
@@ -471,7 +527,7 @@ mod tests {
                     amount_cents: 1250,
                     currency: "EUR",
                 }),
-                "8c97e2783508e52197988d25cee00014",
+                "ff1ebdcfeb2e79d1f08f02983b1fdd91",
             ),
             (
                 digest_hex(&vec![Some(1u8), None]),
@@ -481,6 +537,88 @@ mod tests {
         for (got, want) in cases {
             assert_eq!(got, want);
         }
+    }
+
+    #[derive(serde::Serialize)]
+    struct ChargeReordered<'a> {
+        currency: &'a str,
+        order_id: &'a str,
+        amount_cents: u64,
+    }
+
+    #[derive(serde::Serialize)]
+    enum Event<'a> {
+        Charge {
+            order_id: &'a str,
+            amount_cents: u64,
+        },
+        Refund {
+            amount_cents: u64,
+            order_id: &'a str,
+        },
+    }
+
+    #[test]
+    fn struct_fields_digest_alike_whatever_their_declared_order() {
+        let a = Charge {
+            order_id: "o-1",
+            amount_cents: 1250,
+            currency: "EUR",
+        };
+        let b = ChargeReordered {
+            currency: "EUR",
+            order_id: "o-1",
+            amount_cents: 1250,
+        };
+        assert_eq!(digest_hex(&a), digest_hex(&b));
+        assert_eq!(fingerprint_bytes(&a), fingerprint_bytes(&b));
+        // Values still belong to their names: the same values under swapped names differ.
+        let swapped = ChargeReordered {
+            currency: "o-1",
+            order_id: "EUR",
+            amount_cents: 1250,
+        };
+        assert_ne!(digest_hex(&a), digest_hex(&swapped));
+        // Struct variants too, nested inside other values.
+        let charge = Event::Charge {
+            order_id: "o-1",
+            amount_cents: 5,
+        };
+        let charge_again = vec![Some(Event::Charge {
+            amount_cents: 5,
+            order_id: "o-1",
+        })];
+        assert_eq!(digest_hex(&vec![Some(charge)]), digest_hex(&charge_again));
+        assert_ne!(
+            digest_hex(&Event::Charge {
+                order_id: "o-1",
+                amount_cents: 5
+            }),
+            digest_hex(&Event::Refund {
+                amount_cents: 5,
+                order_id: "o-1"
+            })
+        );
+    }
+
+    #[test]
+    fn canonical_encodings_tell_apart_what_json_does_not() {
+        assert_ne!(
+            canonical(&Some(())).unwrap(),
+            canonical(&None::<()>).unwrap()
+        );
+        assert_ne!(
+            canonical(&Some(None::<u8>)).unwrap(),
+            canonical(&None::<Option<u8>>).unwrap()
+        );
+        assert_ne!(
+            canonical(&Some(f64::NAN)).unwrap(),
+            canonical(&None::<f64>).unwrap()
+        );
+        assert_eq!(
+            canonical(&f64::NAN).unwrap(),
+            canonical(&-f64::NAN).unwrap()
+        );
     }
 
     #[test]
