@@ -77,6 +77,8 @@ pub struct Payments {
     gateway: Gateway,
 }
 
+// Scopes the method after its type: its keys are `charge::Payments::charge/<order id>`.
+#[idem::scoped]
 impl Payments {
     /// Charges once per order id. A retry gets the first receipt; a duplicate that arrives
     /// while the charge runs waits for it; the same order id with another amount is refused.

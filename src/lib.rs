@@ -55,8 +55,8 @@ use std::sync::OnceLock;
 pub use idem_core::{async_trait, digest_hex, Bytes};
 pub use idem_core::{
     codec, BoxError, BuiltinCodec, Call, Capabilities, Claim, Codec, DecodeError, Error,
-    Fingerprint, Idem, IdemBuilder, InProgress, Json, Key, ReadableKeyId, Record, Store,
-    StoreError, Token, DEFAULT_LEASE, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
+    Fingerprint, Idem, IdemBuilder, InProgress, Json, Key, MissingKey, ReadableKeyId, Record,
+    Store, StoreError, Token, DEFAULT_LEASE, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
 };
 pub use idem_stores::MemoryStore;
 
@@ -143,18 +143,36 @@ pub use idem_stores::MemoryStore;
 ///
 /// # Keys and fingerprints
 ///
-/// A key is a scope plus an id. The scope is the function's module path and name
-/// (`my_crate::billing::charge`); for a method, the path of its `Self` type and its name
-/// (`my_crate::billing::Payments::charge`, generic arguments left out), so two functions,
-/// or two types' methods of one name, never share a key by accident. Associated functions
-/// without a receiver use the module path: give them a `scope` when two types in one module
-/// have one of the same name. The id
-/// is the `key = <expr>` value: a string or an integer stays readable (`order-42`), any
-/// other `Serialize` value becomes a 128-bit digest. Without `key`, the id is the digest
-/// of every argument that is not skipped. The fingerprint, which tells a retry from a
-/// different request under the same key, is the digest of every argument that is not
-/// skipped. Receivers (`self`) are never part of either. Both are computed from the
-/// arguments as they were passed, before the body runs.
+/// A key is a scope plus an id. Stored keys outlive the build that wrote them, so every
+/// part of a key comes from what the source spells, never from what a compiler says of a
+/// type (`std::any::type_name` may change with the toolchain):
+///
+/// - The scope of a free function is its module path and name (`my_crate::billing::charge`).
+/// - A method's scope names its type, so that two types' methods of one name never share
+///   keys: put [`#[idem::scoped]`](macro@scoped) on the impl block, and the scope of each
+///   `#[idempotent]` method in it is `<module>::<Type>::<method>` (`my_crate::billing::Payments::charge`;
+///   in a trait impl, `my_crate::billing::<Payments as Charge>::charge`), from the impl's
+///   type as the source spells it, generic arguments left out. A method with a receiver and
+///   neither `#[idem::scoped]` nor a `scope` is a compile error. Associated functions
+///   without a receiver in an impl without `#[idem::scoped]` use the module path: give them
+///   a `scope` when two types in one module have one of the same name.
+/// - A generic function, or a method of a generic impl, needs an explicit `scope`: the
+///   source cannot name its instantiations apart, so they share the scope you give, and
+///   what tells them apart belongs in the key (`key = (T::KIND, id)`).
+/// - `scope = "..."` overrides all of this, and keeps the keys when the function moves or
+///   is renamed.
+///
+/// The id is the `key = <expr>` value: a string or an integer stays readable (`order-42`),
+/// any other `Serialize` value becomes a 128-bit digest. A key that is an `Option` is its
+/// value when `Some`; when `None` the call has no key, and answers [`Error::MissingKey`]
+/// without running the body (or, with `missing_key = "run"`, runs it without
+/// idempotency), so that requests without an id never share one key. Without `key`, the
+/// id is the digest of every argument that is not skipped. The fingerprint, which tells a
+/// retry from a different request under the same key, is the digest of every argument that
+/// is not skipped. Receivers (`self`) are never part of either. Both are computed from the
+/// arguments as they were passed, before the body runs. Digests follow a fixed, documented
+/// encoding (struct fields in the order of their names, map entries in any order, enum
+/// variants by name), so reordering a struct's fields or renaming a type keeps its keys.
 ///
 /// # Options
 ///
@@ -171,6 +189,8 @@ pub use idem_stores::MemoryStore;
 /// | `skip(a, b)` | arguments left out of the key and the fingerprint | none skipped |
 /// | `cache_errors` | alone: store every `Err`; `= <predicate>`: store the `Err`s for which `Fn(&E) -> bool` is true | no error stored |
 /// | `codec` | a [`Codec`] value for the stored result | the engine's (JSON) |
+/// | `version` | an integer written into every stored record; records of another version are refused | `0` |
+/// | `missing_key` | `"error"` or `"run"`: what a call whose key is `None` does | `"error"` ([`Error::MissingKey`]) |
 /// | `crate` | the path of the `idem` crate, as a string, when it is renamed | `"::idem"` |
 ///
 /// Durations are string literals, checked at compile time (a whole number and one of
@@ -232,6 +252,7 @@ pub use idem_stores::MemoryStore;
 ///     idem: Arc<Idem>,
 /// }
 ///
+/// #[idem::scoped] // the method's scope is `<module>::Mailer::send`
 /// impl Mailer {
 ///     // An expression evaluated on each call; it may use `self` and the arguments.
 ///     #[idempotent(key = user_id, store = self.idem)]
@@ -373,6 +394,42 @@ pub use idem_stores::MemoryStore;
 /// # async fn main() { assert_eq!(lookup(3).await.unwrap(), vec![3]); }
 /// ```
 ///
+/// ## `version`
+///
+/// ```
+/// # use idem::idempotent;
+/// # #[derive(serde::Serialize, serde::Deserialize)] pub struct Quote { cents: u64 }
+/// // `Quote` once held euros as a float; records written before the change must not be
+/// // read as cents. A record of another version is refused with `Error::Decode` (never
+/// // decoded into the new type) until it expires. A compatible change, such as a new
+/// // `#[serde(default)]` field with JSON, needs no new version.
+/// #[idempotent(key = order_id, version = 2)]
+/// async fn quote(order_id: String) -> Quote {
+///     Quote { cents: 1250 }
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() { assert_eq!(quote("o-1".into()).await.unwrap().cents, 1250); }
+/// ```
+///
+/// ## `missing_key`
+///
+/// ```
+/// # use idem::idempotent;
+/// # #[derive(serde::Serialize)] pub struct Signup { request_id: Option<String>, email: String }
+/// // Requests without an id are not deduplicated, but run (and a `warn` event says so);
+/// // by default they would get `Error::MissingKey` and not run.
+/// #[idempotent(key = req.request_id, missing_key = "run")]
+/// async fn sign_up(req: Signup) -> String {
+///     format!("welcome {}", req.email)
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # let req = || Signup { request_id: None, email: "a@b".into() };
+/// # assert_eq!(sign_up(req()).await.unwrap(), "welcome a@b");
+/// # assert_eq!(sign_up(req()).await.unwrap(), "welcome a@b");
+/// # }
+/// ```
+///
 /// ## `crate`
 ///
 /// ```
@@ -390,7 +447,8 @@ pub use idem_stores::MemoryStore;
 /// # Methods, generics, patterns, `#[async_trait]`
 ///
 /// The attribute works on free functions and methods (`&self`, `&mut self`,
-/// `self: Arc<Self>`), generic functions with where-clauses, `impl Trait` arguments and
+/// `self: Arc<Self>`; with `#[idem::scoped]` on their impl block, or a `scope`), generic
+/// functions with where-clauses and `impl Trait` arguments (with a `scope`), and
 /// destructuring argument patterns (each binding is digested and can be skipped). The
 /// signature, attributes, docs and visibility are kept; only the body is rewritten.
 ///
@@ -413,6 +471,7 @@ pub use idem_stores::MemoryStore;
 /// }
 ///
 /// #[async_trait]
+/// #[idem::scoped] // scope: `<module>::<Service as Payments>::charge`
 /// impl Payments for Service {
 ///     #[idempotent(key = order_id, store = self.idem)]
 ///     async fn charge(&self, order_id: String, amount_cents: u64) -> Result<u64, idem::Error> {
@@ -446,6 +505,7 @@ pub use idem_stores::MemoryStore;
 ///     gateway: Gateway,
 /// }
 ///
+/// #[idem::scoped]
 /// impl Payments {
 ///     #[idempotent(key = req.order_id, store = self.idem, ttl = "24h")]
 ///     pub async fn charge(&self, req: ChargeRequest) -> Result<Receipt, PaymentError> {
@@ -473,8 +533,9 @@ pub use idem_stores::MemoryStore;
 ///         // `store = self.idem`: any expression that derefs to an `Idem`.
 ///         let engine: Idem = self.idem.clone();
 ///         // Key and fingerprint come first, from the arguments as passed.
-///         // `key = req.order_id`: a string stays readable; the scope is the function's path.
-///         let key = Key::new(concat!(module_path!(), "::", "charge"), &req.order_id);
+///         // `key = req.order_id`: a string stays readable; the scope is the module path,
+///         // the impl's type as `#[idem::scoped]` read it, and the method's name.
+///         let key = Key::new(concat!(module_path!(), "::", "Payments", "::", "charge"), &req.order_id);
 ///         // The fingerprint digests every argument that is not skipped (`self` never is).
 ///         let fingerprint = Fingerprint::of(&(&req,));
 ///         engine
@@ -504,7 +565,9 @@ pub use idem_stores::MemoryStore;
 /// value, a `skip` that names no argument, `cache_errors` on a function without a
 /// `Result`, a function that is not `async` (or is `const` or `extern`), a result type
 /// that cannot be stored (at the return type), a key that cannot be a key (at the key
-/// expression), an argument that cannot be digested (at the argument, suggesting `skip`).
+/// expression), an argument that cannot be digested (at the argument, suggesting `skip`),
+/// a method without `#[idem::scoped]` or `scope` (at `self`), a generic function without
+/// `scope` (at the type parameter).
 /// The function is still emitted unchanged beside the error, so the rest of the crate
 /// keeps compiling.
 ///
@@ -522,6 +585,43 @@ pub use idem_stores::MemoryStore;
 /// ```
 #[doc(inline)]
 pub use idem_macros::idempotent;
+
+/// On an impl block: gives each `#[idempotent]` method in it without a `scope` the default
+/// scope `<module>::<Type>::<method>` (`<module>::<Type as Trait>::<method>` in a trait
+/// impl), from the impl's type as the source spells it, generic arguments left out.
+///
+/// ```
+/// use idem::idempotent;
+///
+/// pub struct Orders;
+/// pub struct Users;
+///
+/// #[idem::scoped]
+/// impl Orders {
+///     #[idempotent(key = id)]
+///     pub async fn create(&self, id: u64) -> u64 { id }
+/// }
+///
+/// #[idem::scoped]
+/// impl Users {
+///     // Same module, same method name: another scope, so other keys.
+///     #[idempotent(key = id)]
+///     pub async fn create(&self, id: u64) -> u64 { id + 1000 }
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// assert_eq!(Orders.create(1).await.unwrap(), 1);
+/// assert_eq!(Users.create(1).await.unwrap(), 1001);
+/// let key = idem::Key::new(concat!(module_path!(), "::Orders::create"), "1").unwrap();
+/// assert!(idem::global().store().get(&key).await.unwrap().is_some());
+/// # }
+/// ```
+///
+/// Without it, an `#[idempotent]` method with a receiver needs its own `scope = "..."`. A
+/// generic impl's methods always do (see [`idempotent`](macro@idempotent), "Keys and
+/// fingerprints").
+#[doc(inline)]
+pub use idem_macros::scoped;
 
 /// The conformance suite every store backend passes (feature `testing`).
 #[cfg(feature = "testing")]

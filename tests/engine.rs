@@ -602,25 +602,60 @@ async fn records_that_do_not_decode_are_errors_naming_the_key() {
     );
     assert!(err.to_string().contains("engine-tests/junk"), "{err}");
 
-    // A record of another type.
+    // A record of a shape the type cannot read: the codec's error, never a panic.
     let _: Vec<u32> = idem
         .run(key("typed"), Fingerprint::NONE, || async { vec![1, 2] })
         .await
         .unwrap();
     let err = idem
-        .run(key("typed"), Fingerprint::NONE, || async { vec![1u64] })
+        .run(key("typed"), Fingerprint::NONE, || async {
+            "text".to_string()
+        })
         .await
         .unwrap_err();
     assert!(
         matches!(
             err,
             Error::Decode {
-                source: DecodeError::Type { .. },
+                source: DecodeError::Payload { codec: "json", .. },
                 ..
             }
         ),
         "{err:?}"
     );
+    // A type that reads the same shape replays it: records do not carry type names, so a
+    // result type may be renamed, moved or widened.
+    let widened: Vec<u64> = idem
+        .run(key("typed"), Fingerprint::NONE, || async { vec![9u64] })
+        .await
+        .unwrap();
+    assert_eq!(widened, vec![1, 2]);
+
+    // A record written under another result version is refused, both ways.
+    let _: u32 = idem
+        .call(key("versioned"))
+        .version(2)
+        .run(|| async { 1u32 })
+        .await
+        .unwrap();
+    for other in [0, 1, 3] {
+        let err = idem
+            .call(key("versioned"))
+            .version(other)
+            .run(|| async { 2u32 })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Decode {
+                    source: DecodeError::ResultVersion { found: 2, expected },
+                    ..
+                } if expected == other
+            ),
+            "{err:?}"
+        );
+    }
 
     // A cached error read by a call that does not cache errors.
     let _: Result<u32, PayError> = idem

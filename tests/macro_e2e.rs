@@ -563,6 +563,7 @@ pub struct Service {
     sent: AtomicU32,
 }
 
+#[idem::scoped]
 impl Service {
     #[idempotent(key = (user_id, template), store = self.idem)]
     pub async fn send_email(&self, user_id: u64, template: &str) -> String {
@@ -667,6 +668,7 @@ struct SharedLedger {
 }
 
 #[idem::async_trait]
+#[idem::scoped]
 impl Ledger for SharedLedger {
     // `#[async_trait]` on the impl expands first; `#[idempotent]` then wraps its future.
     #[idempotent(key = entry_id, store = self.idem, in_progress = "wait")]
@@ -698,6 +700,9 @@ async fn a_method_of_an_async_trait_impl_runs_once_per_key_also_through_dyn() {
     assert_eq!(runs(&ledger.posted), 5);
     let err = ledger.post("entry-0".into(), 999).await.unwrap_err();
     assert!(matches!(err, Error::KeyReuse { .. }), "{err:?}");
+    // A trait impl's method is scoped by the qualified path of the impl.
+    let scope = concat!(module_path!(), "::<SharedLedger as Ledger>::post");
+    assert!(stored(&ledger.idem, Key::new(scope, "entry-0").unwrap()).await);
     assert_eq!(runs(&ledger.posted), 5);
 }
 
@@ -744,6 +749,7 @@ struct Users {
     runs: AtomicU32,
 }
 
+#[idem::scoped]
 impl Orders {
     #[idempotent(store = self.idem)]
     async fn create(&self, id: u64) -> String {
@@ -752,6 +758,7 @@ impl Orders {
     }
 }
 
+#[idem::scoped]
 impl Users {
     #[idempotent(store = self.idem)]
     async fn create(&self, id: u64) -> String {

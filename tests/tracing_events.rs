@@ -76,6 +76,24 @@ async fn tracing_events_mark_claim_replay_complete_release_and_takeover() {
         .await
         .unwrap();
 
+    // A client-chosen id with a newline and a terminal escape cannot forge a log line.
+    let forged = Key::new(
+        "engine-tests",
+        "t4\n2026-11-29T00:00:00Z  INFO idem: forged\u{1b}[2J",
+    )
+    .unwrap();
+    let _: u8 = idem
+        .run(forged, Fingerprint::NONE, || async { 4 })
+        .await
+        .unwrap();
+    // A call without a key, told to run anyway, says so.
+    let _: u8 = idem
+        .call_checked(Key::from_id_result("engine-tests::no_key", Ok(None)))
+        .missing_key(idem::MissingKey::Run)
+        .run(|| async { 5 })
+        .await
+        .unwrap();
+
     let log = events.0.lock().unwrap().concat();
     for needle in ["claimed", "replay", "completed", "released", "took over"] {
         assert!(log.contains(needle), "no `{needle}` event in:\n{log}");
@@ -83,5 +101,24 @@ async fn tracing_events_mark_claim_replay_complete_release_and_takeover() {
     assert!(
         log.contains("engine-tests/t3"),
         "events name the key:\n{log}"
+    );
+    assert!(
+        log.contains("engine-tests/t4\\n2026-11-29T00:00:00Z  INFO idem: forged\\u{1b}[2J"),
+        "the id is escaped:\n{log}"
+    );
+    assert!(
+        !log.lines()
+            .any(|line| line.starts_with("2026-11-29T00:00:00Z")),
+        "no line starts where the id tried to start one:\n{log}"
+    );
+    assert!(
+        !log.contains('\u{1b}'),
+        "no escape sequence reaches the log"
+    );
+    assert!(
+        log.lines().any(|line| line.contains("WARN")
+            && line.contains("without idempotency")
+            && line.contains("engine-tests::no_key")),
+        "a call run without a key is a warning naming its scope:\n{log}"
     );
 }

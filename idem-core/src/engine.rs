@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use crate::cache::LocalCache;
 use crate::codec::{BuiltinCodec, Codec};
+use crate::digest;
 use crate::envelope::{self, Kind};
 use crate::error::{BoxError, DecodeError, Error, StoreError};
 use crate::key::Key;
@@ -43,6 +44,18 @@ pub enum InProgress {
     Reject,
     /// Wait (up to the wait timeout) for the first call's result and return it.
     Wait,
+}
+
+/// What a call does when its key expression yields nothing (`key = req.request_id` with a
+/// `None` id): see [`Call::missing_key`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MissingKey {
+    /// Answer [`Error::MissingKey`] naming the scope; the body does not run.
+    #[default]
+    Error,
+    /// Run the body without idempotency (no claim, nothing stored), and say so in a `warn`
+    /// event of the `idem` target.
+    Run,
 }
 
 /// The idempotency engine: a store plus defaults. Cheap to clone; share one per process.
@@ -226,6 +239,8 @@ impl Idem {
             lease: None,
             in_progress: None,
             wait_timeout: None,
+            version: 0,
+            missing_key: MissingKey::Error,
             codec: self.inner.codec,
         }
     }
@@ -273,6 +288,8 @@ pub struct Call<'a, C = BuiltinCodec> {
     lease: Option<Duration>,
     in_progress: Option<InProgress>,
     wait_timeout: Option<Duration>,
+    version: u64,
+    missing_key: MissingKey,
     codec: C,
 }
 
@@ -307,6 +324,23 @@ impl<'a, C: Codec> Call<'a, C> {
         self
     }
 
+    /// The version of this call's result format (default 0), written into each record it
+    /// stores. Raise it when a change of the result type must not read records written
+    /// before it (with JSON, a compatible change such as a new `#[serde(default)]` field needs
+    /// none): a record of another version is then refused with
+    /// [`DecodeError::ResultVersion`] until it expires, and never decoded into the new type.
+    pub fn version(mut self, version: u64) -> Self {
+        self.version = version;
+        self
+    }
+
+    /// What the call does when its key is missing ([`Error::MissingKey`], from a key
+    /// expression that yields `None`): fail (the default) or run without idempotency.
+    pub fn missing_key(mut self, mode: MissingKey) -> Self {
+        self.missing_key = mode;
+        self
+    }
+
     /// The codec of this call's result.
     pub fn codec<C2: Codec>(self, codec: C2) -> Call<'a, C2> {
         Call {
@@ -317,6 +351,8 @@ impl<'a, C: Codec> Call<'a, C> {
             lease: self.lease,
             in_progress: self.in_progress,
             wait_timeout: self.wait_timeout,
+            version: self.version,
+            missing_key: self.missing_key,
             codec,
         }
     }
@@ -328,8 +364,19 @@ impl<'a, C: Codec> Call<'a, C> {
         Fut: Future<Output = T>,
         T: Serialize + DeserializeOwned,
     {
+        self.run_eq(None, body).await
+    }
+
+    /// [`run`](Self::run), also comparing the decoded result with `==` when `#[idempotent]`
+    /// found that its type has one.
+    pub(crate) async fn run_eq<T, F, Fut>(self, eq: ValueEq<T>, body: F) -> Result<T, Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = T>,
+        T: Serialize + DeserializeOwned,
+    {
         let out = self
-            .execute(|| async { Ok::<T, Infallible>(body().await) }, NoCache)
+            .execute(|| async { Ok::<T, Infallible>(body().await) }, NoCache, eq)
             .await?;
         match out {
             Ok(v) => Ok(v),
@@ -346,7 +393,18 @@ impl<'a, C: Codec> Call<'a, C> {
         T: Serialize + DeserializeOwned,
         E: From<Error>,
     {
-        match self.execute(body, NoCache).await {
+        self.run_fallible_eq(None, body).await
+    }
+
+    /// [`run_fallible`](Self::run_fallible) with the `==` of the result type, if known.
+    pub(crate) async fn run_fallible_eq<T, E, F, Fut>(self, eq: ValueEq<T>, body: F) -> Result<T, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+    {
+        match self.execute(body, NoCache, eq).await {
             Ok(out) => out,
             Err(e) => Err(E::from(e)),
         }
@@ -362,20 +420,52 @@ impl<'a, C: Codec> Call<'a, C> {
         E: From<Error> + Serialize + DeserializeOwned,
         P: Fn(&E) -> bool,
     {
-        match self.execute(body, CacheIf(cache_if)).await {
+        self.run_caching_errors_eq(cache_if, (None, None), body)
+            .await
+    }
+
+    /// [`run_caching_errors`](Self::run_caching_errors) with the `==` of the result and
+    /// error types, if known.
+    pub(crate) async fn run_caching_errors_eq<T, E, F, Fut, P>(
+        self,
+        cache_if: P,
+        (eq, error_eq): (ValueEq<T>, ValueEq<E>),
+        body: F,
+    ) -> Result<T, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        E: From<Error> + Serialize + DeserializeOwned,
+        P: Fn(&E) -> bool,
+    {
+        match self.execute(body, CacheIf(cache_if, error_eq), eq).await {
             Ok(out) => out,
             Err(e) => Err(E::from(e)),
         }
     }
 
-    async fn execute<T, E, F, Fut, P>(self, body: F, policy: P) -> Result<Result<T, E>, Error>
+    async fn execute<T, E, F, Fut, P>(
+        self,
+        body: F,
+        policy: P,
+        eq: ValueEq<T>,
+    ) -> Result<Result<T, E>, Error>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
         T: Serialize + DeserializeOwned,
         P: ErrorPolicy<E>,
     {
-        let key = self.key?;
+        let key = match self.key {
+            Ok(key) => key,
+            Err(Error::MissingKey { scope }) if self.missing_key == MissingKey::Run => {
+                tracing::warn!(target: "idem", scope = %scope,
+                    "no idempotency key for this call: running it without idempotency");
+                return Ok(body().await);
+            }
+            Err(e) => return Err(e),
+        };
         let inner = &*self.idem.inner;
         let ttl = self.ttl.unwrap_or(inner.ttl);
         let lease = self.lease.unwrap_or(inner.lease);
@@ -395,6 +485,7 @@ impl<'a, C: Codec> Call<'a, C> {
             }
         }
         let fp = self.fingerprint;
+        let version = self.version;
         let codec = &self.codec;
         let store = &*inner.store;
 
@@ -403,7 +494,7 @@ impl<'a, C: Codec> Call<'a, C> {
                 return Err(Error::KeyReuse { key });
             }
             tracing::debug!(target: "idem", key = %key, "replay from the local cache");
-            return decode(codec, &policy, key, &hit.payload);
+            return decode(codec, &policy, version, key, &hit.payload);
         }
 
         let started = Instant::now();
@@ -434,7 +525,7 @@ impl<'a, C: Codec> Call<'a, C> {
                     if let Some(cache) = &inner.cache {
                         cache.insert(key.clone(), fingerprint, payload.clone(), ttl);
                     }
-                    return decode(codec, &policy, key, &payload);
+                    return decode(codec, &policy, version, key, &payload);
                 }
                 Claim::InProgress {
                     fingerprint,
@@ -477,8 +568,8 @@ impl<'a, C: Codec> Call<'a, C> {
         let (out, lease_lost) = with_heartbeat(store, &key, token, lease, body()).await;
 
         let sealed = match &out {
-            Ok(value) => envelope::seal(codec, Kind::Value, value),
-            Err(e) if policy.cache(e) => policy.seal(codec, e),
+            Ok(value) => envelope::seal(codec, Kind::Value, version, value),
+            Err(e) if policy.cache(e) => policy.seal(codec, version, e),
             Err(_) => {
                 guard.release().await;
                 return Ok(out);
@@ -489,13 +580,25 @@ impl<'a, C: Codec> Call<'a, C> {
         // ends with its lease instead, also when this future is dropped mid-way.
         guard.disarm();
         // Every caller gets the result as decoded from the store, the first one included,
-        // so a value that does not survive its codec is refused now, not at the replay.
+        // so a value that does not come back unchanged through its codec is refused now,
+        // not answered with another value: decoding is not enough (JSON writes `Some(())`
+        // and `None` alike, and decodes both as `None`), the decoded value must also be the
+        // same value as serde sees it.
         let checked = sealed.and_then(|bytes| {
-            match decode::<C, T, E, P>(codec, &policy, key.clone(), &bytes) {
-                Ok(decoded) => Ok((Bytes::from(bytes), decoded)),
-                Err(Error::Decode { source, .. }) => Err(source.into()),
-                Err(other) => Err(other.into()),
+            let decoded = match decode::<C, T, E, P>(codec, &policy, version, key.clone(), &bytes)
+            {
+                Ok(decoded) => decoded,
+                Err(Error::Decode { source, .. }) => return Err(source.into()),
+                Err(other) => return Err(other.into()),
+            };
+            if !policy.same(&out, &decoded, eq) {
+                return Err(format!(
+                    "the {} codec does not give this value back unchanged, so every caller would get another value (JSON, for one, writes `Some(())`, `Some(None)`, NaN and infinity as `null`, and an untagged enum comes back as the first variant that fits)",
+                    codec.name()
+                )
+                .into());
             }
+            Ok((Bytes::from(bytes), decoded))
         });
         let (sealed, out) = match checked {
             Ok(pair) => pair,
@@ -579,21 +682,54 @@ async fn stored_ours(store: &dyn Store, key: &Key, sealed: &Bytes) -> bool {
 fn decode<C: Codec, T: DeserializeOwned, E, P: ErrorPolicy<E>>(
     codec: &C,
     policy: &P,
+    version: u64,
     key: Key,
     bytes: &[u8],
 ) -> Result<Result<T, E>, Error> {
-    let res = envelope::open(codec, bytes).and_then(|(kind, tag, payload)| match kind {
-        Kind::Value => envelope::decode_payload(codec, tag, payload).map(Ok),
-        Kind::Error => policy.decode(codec, tag, payload).map(Err),
+    let res = envelope::open(codec, version, bytes).and_then(|(kind, payload)| match kind {
+        Kind::Value => envelope::decode_payload(codec, payload).map(Ok),
+        Kind::Error => policy.decode(codec, payload).map(Err),
     });
     res.map_err(|source| Error::Decode { key, source })
+}
+
+/// The `==` of a result type, when the caller knows it has one (`#[idempotent]` finds out
+/// at compile time); the engine alone only sees `Serialize`.
+pub(crate) type ValueEq<T> = Option<fn(&T, &T) -> bool>;
+
+/// Whether a value and its copy decoded from the store are the same: as serde sees them
+/// (their canonical encodings match), and by `==` when there is one. serde alone cannot
+/// see every difference: an untagged enum serializes its variants' contents only, so
+/// `Units(5)` and `Cents(5)` look alike to it. A value that is not equal to itself (one
+/// holding a NaN) is judged by serde's view alone.
+fn same_value<T: Serialize + ?Sized>(a: &T, b: &T, eq: Option<fn(&T, &T) -> bool>) -> bool {
+    let serde_same = match (digest::canonical(a), digest::canonical(b)) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    serde_same
+        && match eq {
+            Some(eq) => eq(a, b) || !eq(a, a),
+            None => true,
+        }
 }
 
 /// Whether and how errors of a body are stored.
 trait ErrorPolicy<E> {
     fn cache(&self, e: &E) -> bool;
-    fn seal<C: Codec>(&self, codec: &C, e: &E) -> Result<Vec<u8>, BoxError>;
-    fn decode<C: Codec>(&self, codec: &C, tag: u64, payload: &[u8]) -> Result<E, DecodeError>;
+    fn seal<C: Codec>(&self, codec: &C, version: u64, e: &E) -> Result<Vec<u8>, BoxError>;
+    fn decode<C: Codec>(&self, codec: &C, payload: &[u8]) -> Result<E, DecodeError>;
+    /// Whether a stored error is the same value as the one the body returned.
+    fn same_error(&self, a: &E, b: &E) -> bool;
+
+    /// Whether a body's outcome and its decoded copy are the same.
+    fn same<T: Serialize>(&self, a: &Result<T, E>, b: &Result<T, E>, eq: ValueEq<T>) -> bool {
+        match (a, b) {
+            (Ok(a), Ok(b)) => same_value(a, b, eq),
+            (Err(a), Err(b)) => self.same_error(a, b),
+            _ => false,
+        }
+    }
 }
 
 struct NoCache;
@@ -602,25 +738,31 @@ impl<E> ErrorPolicy<E> for NoCache {
     fn cache(&self, _: &E) -> bool {
         false
     }
-    fn seal<C: Codec>(&self, _: &C, _: &E) -> Result<Vec<u8>, BoxError> {
+    fn seal<C: Codec>(&self, _: &C, _: u64, _: &E) -> Result<Vec<u8>, BoxError> {
         Err("this call does not cache errors".into())
     }
-    fn decode<C: Codec>(&self, _: &C, _: u64, _: &[u8]) -> Result<E, DecodeError> {
+    fn decode<C: Codec>(&self, _: &C, _: &[u8]) -> Result<E, DecodeError> {
         Err(DecodeError::UnexpectedError)
+    }
+    fn same_error(&self, _: &E, _: &E) -> bool {
+        false
     }
 }
 
-struct CacheIf<P>(P);
+struct CacheIf<P, E>(P, ValueEq<E>);
 
-impl<E: Serialize + DeserializeOwned, P: Fn(&E) -> bool> ErrorPolicy<E> for CacheIf<P> {
+impl<E: Serialize + DeserializeOwned, P: Fn(&E) -> bool> ErrorPolicy<E> for CacheIf<P, E> {
     fn cache(&self, e: &E) -> bool {
         (self.0)(e)
     }
-    fn seal<C: Codec>(&self, codec: &C, e: &E) -> Result<Vec<u8>, BoxError> {
-        envelope::seal(codec, Kind::Error, e)
+    fn seal<C: Codec>(&self, codec: &C, version: u64, e: &E) -> Result<Vec<u8>, BoxError> {
+        envelope::seal(codec, Kind::Error, version, e)
     }
-    fn decode<C: Codec>(&self, codec: &C, tag: u64, payload: &[u8]) -> Result<E, DecodeError> {
-        envelope::decode_payload(codec, tag, payload)
+    fn decode<C: Codec>(&self, codec: &C, payload: &[u8]) -> Result<E, DecodeError> {
+        envelope::decode_payload(codec, payload)
+    }
+    fn same_error(&self, a: &E, b: &E) -> bool {
+        same_value(a, b, self.1)
     }
 }
 

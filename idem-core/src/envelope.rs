@@ -3,12 +3,23 @@
 //!
 //! ```text
 //! offset 0  4 bytes  magic "idem"
-//!        4  1 byte   format version (1)
+//!        4  1 byte   format version (2; format 1 is still read)
 //!        5  1 byte   codec id
 //!        6  1 byte   kind: 0 = the function's value, 1 = a cached error
-//!        7  8 bytes  type tag: the first 8 bytes of blake3(type name), little endian
+//!        7  8 bytes  result version: the `version` the writing call declared (default 0),
+//!                    little endian
 //!       15  ...      the codec's payload
 //! ```
+//!
+//! Nothing in a record depends on the toolchain: no type name, no layout. A result type may
+//! change as its codec allows (with JSON: a field added with `#[serde(default)]`, the type
+//! renamed or moved) and its old records still replay; a change that old records must not
+//! survive is a new `version`, and a record of another version is refused with
+//! [`DecodeError::ResultVersion`] until it expires.
+//!
+//! Format 1 (idem before the golden files) kept a hash of `std::any::type_name` where the
+//! version is now. Such records are still read, as version 0, without that check: the key's
+//! scope already ties a record to one function, and so to one result type.
 
 use serde::{de::DeserializeOwned, Serialize};
 
@@ -16,8 +27,10 @@ use crate::codec::Codec;
 use crate::error::{BoxError, DecodeError};
 
 const MAGIC: &[u8; 4] = b"idem";
-/// The envelope format this build writes and reads.
-pub const FORMAT_VERSION: u8 = 1;
+/// The envelope format this build writes. It also reads format 1.
+pub const FORMAT_VERSION: u8 = 2;
+/// The first format, whose header carried a type-name hash instead of the result version.
+const FORMAT_V1: u8 = 1;
 const HEADER: usize = 15;
 
 /// What a record holds: the function's value or an error it chose to cache.
@@ -27,17 +40,10 @@ pub(crate) enum Kind {
     Error = 1,
 }
 
-/// A short, stable tag of a type's name, so that a record of one type is not read as another.
-pub(crate) fn type_tag<T: ?Sized>() -> u64 {
-    let hash = blake3::hash(std::any::type_name::<T>().as_bytes());
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&hash.as_bytes()[..8]);
-    u64::from_le_bytes(b)
-}
-
 pub(crate) fn seal<C: Codec, T: Serialize + ?Sized>(
     codec: &C,
     kind: Kind,
+    version: u64,
     value: &T,
 ) -> Result<Vec<u8>, BoxError> {
     let payload = codec.encode(value)?;
@@ -46,20 +52,22 @@ pub(crate) fn seal<C: Codec, T: Serialize + ?Sized>(
     out.push(FORMAT_VERSION);
     out.push(codec.id());
     out.push(kind as u8);
-    out.extend_from_slice(&type_tag::<T>().to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
     out.extend_from_slice(&payload);
     Ok(out)
 }
 
-/// Reads the header and returns the kind and the payload.
+/// Reads the header, checks it against the reading call's codec and result version, and
+/// returns the kind and the payload.
 pub(crate) fn open<'a, C: Codec>(
     codec: &C,
+    version: u64,
     bytes: &'a [u8],
-) -> Result<(Kind, u64, &'a [u8]), DecodeError> {
+) -> Result<(Kind, &'a [u8]), DecodeError> {
     if bytes.len() < HEADER || &bytes[..4] != MAGIC {
         return Err(DecodeError::NotAnEnvelope);
     }
-    if bytes[4] != FORMAT_VERSION {
+    if bytes[4] != FORMAT_VERSION && bytes[4] != FORMAT_V1 {
         return Err(DecodeError::Version {
             found: bytes[4],
             expected: FORMAT_VERSION,
@@ -76,21 +84,26 @@ pub(crate) fn open<'a, C: Codec>(
         1 => Kind::Error,
         _ => return Err(DecodeError::NotAnEnvelope),
     };
-    let mut tag = [0u8; 8];
-    tag.copy_from_slice(&bytes[7..15]);
-    Ok((kind, u64::from_le_bytes(tag), &bytes[HEADER..]))
+    let found = if bytes[4] == FORMAT_V1 {
+        0
+    } else {
+        let mut v = [0u8; 8];
+        v.copy_from_slice(&bytes[7..15]);
+        u64::from_le_bytes(v)
+    };
+    if found != version {
+        return Err(DecodeError::ResultVersion {
+            found,
+            expected: version,
+        });
+    }
+    Ok((kind, &bytes[HEADER..]))
 }
 
 pub(crate) fn decode_payload<C: Codec, T: DeserializeOwned>(
     codec: &C,
-    tag: u64,
     payload: &[u8],
 ) -> Result<T, DecodeError> {
-    if tag != type_tag::<T>() {
-        return Err(DecodeError::Type {
-            expected: std::any::type_name::<T>(),
-        });
-    }
     codec
         .decode(payload)
         .map_err(|source| DecodeError::Payload {
@@ -106,33 +119,38 @@ mod tests {
 
     #[test]
     fn round_trip_and_refusals() {
-        let sealed = seal(&Json, Kind::Value, &vec![1u32, 2]).unwrap();
-        let (kind, tag, payload) = open(&Json, &sealed).unwrap();
+        let sealed = seal(&Json, Kind::Value, 3, &vec![1u32, 2]).unwrap();
+        let (kind, payload) = open(&Json, 3, &sealed).unwrap();
         assert_eq!(kind, Kind::Value);
-        let back: Vec<u32> = decode_payload(&Json, tag, payload).unwrap();
+        let back: Vec<u32> = decode_payload(&Json, payload).unwrap();
         assert_eq!(back, vec![1, 2]);
-        // Another type with the same JSON shape is refused by the type tag.
-        let err = decode_payload::<_, Vec<u64>>(&Json, tag, payload).unwrap_err();
-        assert!(matches!(err, DecodeError::Type { .. }), "{err:?}");
+        // Another result version is refused, both ways.
+        for other in [0, 2, 4] {
+            let err = open(&Json, other, &sealed).unwrap_err();
+            assert!(
+                matches!(err, DecodeError::ResultVersion { found: 3, expected } if expected == other),
+                "{err:?}"
+            );
+        }
         // Garbage and truncation.
         assert!(matches!(
-            open(&Json, b"{\"a\":1}"),
+            open(&Json, 0, b"{\"a\":1}"),
             Err(DecodeError::NotAnEnvelope)
         ));
         assert!(matches!(
-            open(&Json, &sealed[..10]),
+            open(&Json, 3, &sealed[..10]),
             Err(DecodeError::NotAnEnvelope)
         ));
         let mut newer = sealed.clone();
         newer[4] = 9;
         assert!(matches!(
-            open(&Json, &newer),
+            open(&Json, 3, &newer),
             Err(DecodeError::Version { found: 9, .. })
         ));
         let mut other_codec = sealed;
         other_codec[5] = 77;
         assert!(matches!(
-            open(&Json, &other_codec),
+            open(&Json, 3, &other_codec),
             Err(DecodeError::Codec { found: 77, .. })
         ));
     }

@@ -66,6 +66,13 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// The key expression yielded no key (`None`), and the call was not told to run without
+    /// idempotency then (`missing_key = "run"`).
+    #[error("no idempotency key for a call of `{scope}`: its key expression yielded `None`; the body did not run (pass a key, or use `missing_key = \"run\"` to run such calls without idempotency)")]
+    MissingKey {
+        /// The scope of the call (the function, by default).
+        scope: String,
+    },
     /// An option of the call is not valid (a zero ttl or lease, for example).
     #[error("invalid option `{option}` for idempotency key `{key}`: {reason}")]
     InvalidOption {
@@ -107,7 +114,7 @@ impl Error {
             | Error::Store { key, .. }
             | Error::InvalidOption { key, .. }
             | Error::WaitTimeout { key, .. } => Some(key),
-            Error::InvalidKey { .. } | Error::Connect { .. } => None,
+            Error::InvalidKey { .. } | Error::MissingKey { .. } | Error::Connect { .. } => None,
         }
     }
 
@@ -147,11 +154,13 @@ pub enum DecodeError {
         /// The codec id of this call.
         expected: u8,
     },
-    /// The record holds another result type.
-    #[error("record holds another result type than `{expected}`")]
-    Type {
-        /// The type this call expects.
-        expected: &'static str,
+    /// The record was written under another result `version` than this call declares.
+    #[error("the record was written for result version {found}, but this call reads version {expected}; records of another version are refused until they expire")]
+    ResultVersion {
+        /// The version in the record.
+        found: u64,
+        /// The version this call declares.
+        expected: u64,
     },
     /// The record holds a cached error, but this call does not cache errors.
     #[error("record holds a cached error, but this call does not cache errors")]

@@ -15,7 +15,10 @@ pub const MAX_SCOPE_LEN: usize = 256;
 /// An idempotency key: a scope (by default the function's module path and name) and an id.
 ///
 /// The store sees one string, `scope/id` ([`Key::as_str`]). A scope never contains `/`, so
-/// two different (scope, id) pairs never share a stored key.
+/// two different (scope, id) pairs never share a stored key. Any UTF-8 id is accepted,
+/// control characters included, and every store keeps it apart from every other; where a
+/// key is printed (its `Display` in errors and tracing events) it is escaped, so an id
+/// cannot forge a log line.
 ///
 /// ```
 /// use idem_core::Key;
@@ -36,7 +39,7 @@ impl Key {
     pub fn new(scope: impl AsRef<str>, id: impl AsRef<str>) -> Result<Key, Error> {
         let (scope, id) = (scope.as_ref(), id.as_ref());
         let invalid = |reason: String| Error::InvalidKey {
-            key: shorten(&format!("{scope}/{id}")),
+            key: shown(&format!("{scope}/{id}")),
             reason,
         };
         if scope.is_empty() {
@@ -85,11 +88,15 @@ impl Key {
         Key::new(scope, id)
     }
 
-    /// A key id from a probe that may have failed to serialize the key value.
+    /// A key id from a probe that may have failed to serialize the key value, or found
+    /// none (`Ok(None)`: the key expression was `None`).
     #[doc(hidden)]
-    pub fn from_id_result(scope: &str, id: Result<String, String>) -> Result<Key, Error> {
+    pub fn from_id_result(scope: &str, id: Result<Option<String>, String>) -> Result<Key, Error> {
         match id {
-            Ok(id) => Key::new(scope, id),
+            Ok(Some(id)) => Key::new(scope, id),
+            Ok(None) => Err(Error::MissingKey {
+                scope: shown(scope),
+            }),
             Err(msg) => Err(invalid_value(scope, &msg)),
         }
     }
@@ -112,26 +119,54 @@ impl Key {
 
 fn invalid_value(scope: &str, msg: &str) -> Error {
     Error::InvalidKey {
-        key: shorten(&format!("{scope}/<value>")),
+        key: shown(&format!("{scope}/<value>")),
         reason: format!("the key value could not be serialized, so it has no stable digest: {msg}"),
     }
 }
 
-fn shorten(s: &str) -> String {
-    const SHOWN: usize = 96;
-    if s.len() <= SHOWN {
-        return s.to_owned();
+/// How a key (or a part of one) is printed: escaped and shortened.
+fn shown(s: &str) -> String {
+    Shown(s).to_string()
+}
+
+/// Prints a key as text that is safe in a log line or an error message: control characters
+/// (a newline, a carriage return, an escape sequence), backslashes and the Unicode line,
+/// paragraph and direction marks are escaped as Rust escapes them (`\n`, `\u{1b}`), so a
+/// client-chosen id can neither split a log line nor forge one. A key longer than 96 bytes
+/// is cut there, with its length.
+struct Shown<'a>(&'a str);
+
+impl fmt::Display for Shown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const SHOWN: usize = 96;
+        let s = self.0;
+        let mut end = s.len().min(SHOWN);
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        for c in s[..end].chars() {
+            if needs_escape(c) {
+                write!(f, "{}", c.escape_debug())?;
+            } else {
+                fmt::Write::write_char(f, c)?;
+            }
+        }
+        if end < s.len() {
+            write!(f, "... ({} bytes)", s.len())?;
+        }
+        Ok(())
     }
-    let mut end = SHOWN;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}... ({} bytes)", &s[..end], s.len())
+}
+
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || c == '\\'
+        || matches!(c, '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&shorten(&self.full))
+        Shown(&self.full).fmt(f)
     }
 }
 
@@ -139,7 +174,7 @@ impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Key")
             .field("scope", &self.scope())
-            .field("id", &shorten(self.id()))
+            .field("id", &self.id())
             .finish()
     }
 }
@@ -192,3 +227,45 @@ macro_rules! readable_int {
     )*};
 }
 readable_int!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn printed_keys_cannot_split_or_forge_a_log_line() {
+        let key = Key::new(
+            "billing",
+            "o-1\n2026-11-29 INFO charged\r\u{1b}[2J\\\u{2028}",
+        )
+        .unwrap();
+        let shown = key.to_string();
+        assert_eq!(
+            shown,
+            "billing/o-1\\n2026-11-29 INFO charged\\r\\u{1b}[2J\\\\\\u{2028}"
+        );
+        assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        // The store still sees the id as given.
+        assert!(key.as_str().contains('\n'));
+        // Errors that carry a key as text escape it too.
+        let err = Key::new("a/b", "x\ny").unwrap_err().to_string();
+        assert!(err.contains("a/b/x\\ny"), "{err}");
+        assert!(!err.contains('\n'), "{err}");
+    }
+
+    #[test]
+    fn long_keys_are_cut_on_a_char_boundary_with_their_length() {
+        let id = "é".repeat(100);
+        let shown = Key::new("s", &id).unwrap().to_string();
+        assert!(shown.ends_with("... (202 bytes)"), "{shown}");
+        // Debug keeps the whole id.
+        assert!(format!("{:?}", Key::new("s", &id).unwrap()).contains(&id));
+    }
+
+    #[test]
+    fn a_missing_id_names_the_scope() {
+        let err = Key::from_id_result("billing::charge", Ok(None)).unwrap_err();
+        assert!(matches!(&err, Error::MissingKey { scope } if scope == "billing::charge"));
+        assert!(err.to_string().contains("`billing::charge`"), "{err}");
+    }
+}

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
 
-pub use crate::{Call, Error, Fingerprint, Idem, InProgress, Key};
+pub use crate::{Call, Error, Fingerprint, Idem, InProgress, Key, MissingKey};
 
 use crate::codec::Codec;
 use crate::key::ReadableKeyId;
@@ -21,33 +21,97 @@ use crate::key::ReadableKeyId;
 // ---------------------------------------------------------------------------------------
 // Key ids.
 
-/// Holds a reference to a key expression; method resolution on `(&&KeyIdProbe(&expr))`
-/// then picks a readable id for strings and integers ([`ViaReadable`]), a digest for any
-/// other `Serialize` value ([`ViaDigest`]), and otherwise [`ViaNothing`], which only exists
-/// so that the one error about the key comes from [`assert_key`].
+/// Holds a reference to a key expression; method resolution on `(&&&&KeyIdProbe(&expr))`
+/// then picks, first match wins:
+/// 1. an `Option` of a string or integer ([`ViaOptionalReadable`]): its id, or no key;
+/// 2. an `Option` of any other `Serialize` value ([`ViaOptionalDigest`]): its digest, or no key;
+/// 3. a string or integer ([`ViaReadable`]): the readable id;
+/// 4. any other `Serialize` value ([`ViaDigest`]): a 128-bit digest;
+/// 5. anything else ([`ViaNothing`]), which only exists so that the one error about the key
+///    comes from [`assert_key`].
+///
+/// A key that is `None` is a missing key (`Ok(None)`), never the digest of `None`: requests
+/// without an id must not share one key.
 pub struct KeyIdProbe<'a, T: ?Sized>(pub &'a T);
 
-/// Chosen first: strings and integers stay readable.
-pub trait ViaReadable {
-    /// The key id.
-    fn __idem_key_id(&self) -> Result<String, String>;
+/// An `Option` used as a key, seen through any number of references.
+pub trait OptionalKey {
+    /// What the option holds.
+    type Inner: ?Sized;
+    /// The value, if there is one.
+    fn inner(&self) -> Option<&Self::Inner>;
 }
 
-impl<T: ReadableKeyId + ?Sized> ViaReadable for &KeyIdProbe<'_, T> {
-    fn __idem_key_id(&self) -> Result<String, String> {
-        Ok(self.0.key_id().into_owned())
+impl<U> OptionalKey for Option<U> {
+    type Inner = U;
+    fn inner(&self) -> Option<&U> {
+        self.as_ref()
     }
 }
 
-/// Chosen when the value is not a string or integer: a 128-bit digest.
-pub trait ViaDigest {
-    /// The key id, or why the value could not be digested.
-    fn __idem_key_id(&self) -> Result<String, String>;
+impl<O: OptionalKey + ?Sized> OptionalKey for &O {
+    type Inner = O::Inner;
+    fn inner(&self) -> Option<&O::Inner> {
+        (**self).inner()
+    }
 }
 
-impl<T: Serialize + ?Sized> ViaDigest for &&KeyIdProbe<'_, T> {
-    fn __idem_key_id(&self) -> Result<String, String> {
-        crate::digest::try_digest_hex(self.0)
+/// Chosen first: an optional string or integer.
+pub trait ViaOptionalReadable {
+    /// The key id, none, or why the value could not be digested.
+    fn __idem_key_id(&self) -> Result<Option<String>, String>;
+}
+
+impl<O> ViaOptionalReadable for &&&KeyIdProbe<'_, O>
+where
+    O: OptionalKey + ?Sized,
+    O::Inner: ReadableKeyId,
+{
+    fn __idem_key_id(&self) -> Result<Option<String>, String> {
+        Ok(self.0.inner().map(|id| id.key_id().into_owned()))
+    }
+}
+
+/// Chosen second: an optional value of another `Serialize` type.
+pub trait ViaOptionalDigest {
+    /// The key id, none, or why the value could not be digested.
+    fn __idem_key_id(&self) -> Result<Option<String>, String>;
+}
+
+impl<O> ViaOptionalDigest for &&&&KeyIdProbe<'_, O>
+where
+    O: OptionalKey + ?Sized,
+    O::Inner: Serialize,
+{
+    fn __idem_key_id(&self) -> Result<Option<String>, String> {
+        self.0
+            .inner()
+            .map(crate::digest::try_digest_hex)
+            .transpose()
+    }
+}
+
+/// Chosen for strings and integers: they stay readable.
+pub trait ViaReadable {
+    /// The key id.
+    fn __idem_key_id(&self) -> Result<Option<String>, String>;
+}
+
+impl<T: ReadableKeyId + ?Sized> ViaReadable for &&KeyIdProbe<'_, T> {
+    fn __idem_key_id(&self) -> Result<Option<String>, String> {
+        Ok(Some(self.0.key_id().into_owned()))
+    }
+}
+
+/// Chosen when the value is not a string, an integer or an `Option`: a 128-bit digest.
+pub trait ViaDigest {
+    /// The key id, or why the value could not be digested.
+    fn __idem_key_id(&self) -> Result<Option<String>, String>;
+}
+
+impl<T: Serialize + ?Sized> ViaDigest for &KeyIdProbe<'_, T> {
+    fn __idem_key_id(&self) -> Result<Option<String>, String> {
+        crate::digest::try_digest_hex(self.0).map(Some)
     }
 }
 
@@ -55,33 +119,18 @@ impl<T: Serialize + ?Sized> ViaDigest for &&KeyIdProbe<'_, T> {
 /// same value, which fails to compile in that case, so this never runs.
 pub trait ViaNothing {
     /// The key id.
-    fn __idem_key_id(&self) -> Result<String, String>;
+    fn __idem_key_id(&self) -> Result<Option<String>, String>;
 }
 
 impl<T: ?Sized> ViaNothing for KeyIdProbe<'_, T> {
-    fn __idem_key_id(&self) -> Result<String, String> {
-        Ok(String::new())
+    fn __idem_key_id(&self) -> Result<Option<String>, String> {
+        Ok(None)
     }
 }
 
 /// A key with a readable or digested id: what `key = <expr>` expands to.
-pub fn key(scope: &str, id: Result<String, String>) -> Result<Key, Error> {
+pub fn key(scope: &str, id: Result<Option<String>, String>) -> Result<Key, Error> {
     Key::from_id_result(scope, id)
-}
-
-/// The default scope of a method: the path of its `Self` type, without generic arguments,
-/// and its name (`my_crate::billing::Payments::charge`). Two types with a method of the same
-/// name in one module then never share keys. A path too long for a scope is shortened to
-/// the module path, the name and a digest of the type's path.
-pub fn method_scope<S: ?Sized>(module: &str, name: &str) -> String {
-    let full = std::any::type_name::<S>();
-    let path = full.split('<').next().unwrap_or(full);
-    let scope = format!("{path}::{name}");
-    if scope.len() <= crate::MAX_SCOPE_LEN && !scope.contains('/') {
-        return scope;
-    }
-    let tag = &crate::digest::digest_hex(path)[..12];
-    format!("{module}::{name}#{tag}")
 }
 
 /// A key whose id is the digest of the arguments: what a function without `key` uses.
@@ -267,15 +316,57 @@ impl<E: Serialize + DeserializeOwned + From<Error>> CachedErrorType for E {}
 // the turbofish (`run::<Receipt, _, _, _>`), so a missing bound is reported at those
 // tokens, once, with the messages above.
 
+/// The `==` of a stored type, when it has one: `(&&EqProbe::<T>::NEW).__idem_eq()` picks
+/// [`ViaPartialEq`] when `T: PartialEq`, and [`ViaNoEq`] otherwise. The engine then also
+/// compares a result with its decoded copy by `==`, which sees what serde cannot (the
+/// variant of an untagged enum).
+pub struct EqProbe<T: ?Sized>(std::marker::PhantomData<fn(&T)>);
+
+impl<T: ?Sized> EqProbe<T> {
+    /// The probe.
+    pub const NEW: EqProbe<T> = EqProbe(std::marker::PhantomData);
+}
+
+/// A type's `==`, if it has one.
+pub type ValueEq<T> = Option<fn(&T, &T) -> bool>;
+
+/// Chosen when the type has `==`.
+pub trait ViaPartialEq<T> {
+    /// `PartialEq::eq` of the type.
+    fn __idem_eq(&self) -> ValueEq<T>;
+}
+
+impl<T: PartialEq> ViaPartialEq<T> for &EqProbe<T> {
+    fn __idem_eq(&self) -> ValueEq<T> {
+        Some(<T as PartialEq>::eq)
+    }
+}
+
+/// Chosen when it has not.
+pub trait ViaNoEq<T> {
+    /// Nothing.
+    fn __idem_eq(&self) -> ValueEq<T>;
+}
+
+impl<T> ViaNoEq<T> for EqProbe<T> {
+    fn __idem_eq(&self) -> ValueEq<T> {
+        None
+    }
+}
+
 /// [`Call::run`] for a function that returns a value `T`.
-pub async fn run<T, C, F, Fut>(call: Call<'_, C>, body: F) -> Result<T, Error>
+pub async fn run<T, C, F, Fut>(
+    call: Call<'_, C>,
+    eq: ValueEq<T>,
+    body: F,
+) -> Result<T, Error>
 where
     T: CachedValue,
     C: Codec,
     F: FnOnce() -> Fut,
     Fut: Future<Output = T>,
 {
-    call.run(body).await
+    call.run_eq(eq, body).await
 }
 
 /// [`Call::run_fallible`] for a function that returns `Result<T, E>`. The conversion of
@@ -283,6 +374,7 @@ where
 /// the user's error type), so that this future's type carries no bound on `E`.
 pub async fn run_fallible<T, E, C, F, Fut>(
     call: Call<'_, C>,
+    eq: ValueEq<T>,
     from_idem: fn(Error) -> E,
     body: F,
 ) -> Result<T, E>
@@ -293,7 +385,7 @@ where
     Fut: Future<Output = Result<T, E>>,
 {
     let out = call
-        .run_fallible(|| async move { body().await.map_err(Failure::Body) })
+        .run_fallible_eq(eq, || async move { body().await.map_err(Failure::Body) })
         .await;
     match out {
         Ok(value) => Ok(value),
@@ -324,6 +416,7 @@ pub fn error_from<E: IdemErrorType>(e: Error) -> E {
 /// [`Call::run_caching_errors`] for a function with `cache_errors`.
 pub async fn run_caching_errors<T, E, C, P, F, Fut>(
     call: Call<'_, C>,
+    eq: (ValueEq<T>, ValueEq<E>),
     cache_if: P,
     body: F,
 ) -> Result<T, E>
@@ -335,44 +428,51 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    call.run_caching_errors(cache_if, body).await
+    call.run_caching_errors_eq(cache_if, eq, body).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    // The borrows are the point: they select the impl, as in the expansion.
+    #[allow(clippy::needless_borrow)]
     #[test]
-    fn probes_keep_strings_and_integers_readable() {
-        let id = |r: Result<String, String>| r.unwrap();
-        assert_eq!(id((&&KeyIdProbe(&"order-42")).__idem_key_id()), "order-42");
+    fn probes_keep_strings_and_integers_readable_and_none_missing() {
+        let id = |r: Result<Option<String>, String>| r.unwrap();
+        let some = |s: &str| Some(s.to_string());
         assert_eq!(
-            id((&&KeyIdProbe(&String::from("a b"))).__idem_key_id()),
-            "a b"
+            id((&&&&KeyIdProbe(&"order-42")).__idem_key_id()),
+            some("order-42")
         );
-        assert_eq!(id((&&KeyIdProbe(&42u64)).__idem_key_id()), "42");
-        assert_eq!(id((&&KeyIdProbe(&-7i32)).__idem_key_id()), "-7");
-        let digest = id((&&KeyIdProbe(&("order", 42))).__idem_key_id());
+        assert_eq!(
+            id((&&&&KeyIdProbe(&String::from("a b"))).__idem_key_id()),
+            some("a b")
+        );
+        assert_eq!(id((&&&&KeyIdProbe(&42u64)).__idem_key_id()), some("42"));
+        assert_eq!(id((&&&&KeyIdProbe(&-7i32)).__idem_key_id()), some("-7"));
+        let digest = id((&&&&KeyIdProbe(&("order", 42))).__idem_key_id()).unwrap();
         assert_eq!(digest, crate::digest_hex(&("order", 42)));
         assert_eq!(digest.len(), 32);
-    }
-
-    struct Orders;
-    struct Users;
-    struct Generic<T>(T);
-
-    #[test]
-    fn method_scopes_name_the_type() {
-        let orders = method_scope::<Orders>(module_path!(), "create");
-        let users = method_scope::<Users>(module_path!(), "create");
-        assert_eq!(orders, "idem_core::private::tests::Orders::create");
-        assert_ne!(orders, users);
-        // Generic arguments do not split a type's keys.
+        // Options: the value inside, readable or digested; `None` is no key at all.
+        let present: Option<String> = Some("o-1".into());
+        assert_eq!(id((&&&&KeyIdProbe(&present)).__idem_key_id()), some("o-1"));
+        assert_eq!(id((&&&&KeyIdProbe(&&present)).__idem_key_id()), some("o-1"));
         assert_eq!(
-            method_scope::<Generic<u8>>("m", "f"),
-            method_scope::<Generic<String>>("m", "f")
+            id((&&&&KeyIdProbe(&present.as_deref())).__idem_key_id()),
+            some("o-1")
         );
-        assert!(Key::new(&orders, "1").is_ok());
+        assert_eq!(id((&&&&KeyIdProbe(&Some(7u32))).__idem_key_id()), some("7"));
+        assert_eq!(
+            id((&&&&KeyIdProbe(&Some(("order", 42)))).__idem_key_id()),
+            Some(digest)
+        );
+        assert_eq!(id((&&&&KeyIdProbe(&None::<String>)).__idem_key_id()), None);
+        assert_eq!(id((&&&&KeyIdProbe(&&None::<u64>)).__idem_key_id()), None);
+        assert_eq!(
+            id((&&&&KeyIdProbe(&None::<(u8, u8)>)).__idem_key_id()),
+            None
+        );
     }
 
     // The borrow is the point: it selects the impl, as in the expansion.

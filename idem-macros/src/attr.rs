@@ -22,6 +22,8 @@ pub const OPTIONS: &[&str] = &[
     "skip",
     "cache_errors",
     "codec",
+    "version",
+    "missing_key",
     "crate",
 ];
 
@@ -37,7 +39,10 @@ pub mod kw {
     syn::custom_keyword!(skip);
     syn::custom_keyword!(cache_errors);
     syn::custom_keyword!(codec);
+    syn::custom_keyword!(version);
+    syn::custom_keyword!(missing_key);
     syn::custom_keyword!(none);
+    syn::custom_keyword!(__impl);
 }
 
 /// A parsed option together with the span of its name, for errors about the option.
@@ -57,6 +62,13 @@ pub enum DurationArg {
 pub enum InProgressMode {
     Reject,
     Wait,
+}
+
+/// `missing_key = "error" | "run"`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum MissingKeyMode {
+    Error,
+    Run,
 }
 
 /// `fingerprint = none` or `fingerprint = <expr>`.
@@ -80,7 +92,12 @@ pub struct Args {
     /// `cache_errors` alone (`None`: cache every error) or `cache_errors = <predicate>`.
     pub cache_errors: Option<Opt<Option<Expr>>>,
     pub codec: Option<Opt<Expr>>,
+    pub version: Option<Opt<syn::LitInt>>,
+    pub missing_key: Option<Opt<MissingKeyMode>>,
     pub krate: Option<Opt<syn::Path>>,
+    /// Set by `#[idem::scoped]` on the enclosing impl block: the impl's type as the source
+    /// spells it (`Payments`, `<Payments as Charge>`), which names a method's default scope.
+    pub impl_path: Option<Opt<LitStr>>,
     /// Errors found while parsing that do not stop the parse (duplicates, bad literals).
     pub errors: Vec<syn::Error>,
 }
@@ -204,6 +221,51 @@ impl Args {
             input.parse::<Token![=]>()?;
             let expr = input.parse()?;
             self.set(|a| &mut a.codec, "codec", name_span, expr)
+        } else if input.peek(kw::version) {
+            input.parse::<kw::version>()?;
+            input.parse::<Token![=]>()?;
+            let version = if input.peek(syn::LitInt) {
+                let lit: syn::LitInt = input.parse()?;
+                if let Err(e) = lit.base10_parse::<u64>() {
+                    self.errors.push(syn::Error::new(
+                        lit.span(),
+                        format!("`version` takes a whole number from 0 up (a u64): {e}"),
+                    ));
+                }
+                lit
+            } else {
+                let expr: Expr = input.parse()?;
+                return Err(syn::Error::new(
+                    expr.span(),
+                    "`version` takes an integer literal, like `version = 2`: it is written into every stored record, so it is fixed in the source",
+                ));
+            };
+            self.set(|a| &mut a.version, "version", name_span, version)
+        } else if input.peek(kw::missing_key) {
+            input.parse::<kw::missing_key>()?;
+            input.parse::<Token![=]>()?;
+            let lit = parse_lit_str(
+                input,
+                "missing_key",
+                "`missing_key = \"error\"` or `missing_key = \"run\"`",
+            )?;
+            let mode = match lit.value().as_str() {
+                "error" => MissingKeyMode::Error,
+                "run" => MissingKeyMode::Run,
+                other => {
+                    self.errors.push(syn::Error::new(
+                        lit.span(),
+                        format!("unknown `missing_key` value `{other:?}`; expected \"error\" (a `None` key answers `idem::Error::MissingKey`) or \"run\" (a `None` key runs the body without idempotency)"),
+                    ));
+                    MissingKeyMode::Error
+                }
+            };
+            self.set(|a| &mut a.missing_key, "missing_key", name_span, mode)
+        } else if input.peek(kw::__impl) {
+            input.parse::<kw::__impl>()?;
+            input.parse::<Token![=]>()?;
+            let lit: LitStr = input.parse()?;
+            self.set(|a| &mut a.impl_path, "__impl", name_span, lit)
         } else {
             let unknown: proc_macro2::TokenTree = input.parse()?;
             Err(syn::Error::new(

@@ -10,7 +10,7 @@ use quote::{format_ident, quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::{Ident, ItemFn, ReturnType, Type};
 
-use crate::attr::{Args, DurationArg, FingerprintArg, InProgressMode};
+use crate::attr::{Args, DurationArg, FingerprintArg, InProgressMode, MissingKeyMode, Opt};
 use crate::valid::{self, Func, Ret, Shape};
 
 /// The attribute's entry point: parse, check, generate; on any error, the user's function
@@ -61,8 +61,24 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
     // bound is reported there (see `__private::run`). The call and its `.await` carry the
     // span of the result type too: awaiting re-checks the same bounds, and rustc reports an
     // identical error at an identical span only once.
-    let (run, turbofish, from_idem, at) = match &checked.ret {
-        Ret::Value(ty) => (quote!(run), quote!(#ty, _, _, _), None, ty.span()),
+    let eq_of = |ty: &TokenStream| {
+        quote!({
+            #[allow(unused_imports)]
+            use #pr::{ViaNoEq as _, ViaPartialEq as _};
+            (&&#pr::EqProbe::<#ty>::NEW).__idem_eq()
+        })
+    };
+    let (run, turbofish, from_idem, at, eqs) = match &checked.ret {
+        Ret::Value(ty) => {
+            let eq = eq_of(&ty.to_token_stream());
+            (
+                quote!(run),
+                quote!(#ty, _, _, _),
+                None,
+                ty.span(),
+                quote!(#eq,),
+            )
+        }
         Ret::Result { full, ok, err } => {
             // With `cache_errors`, the error type is the one that newly needs serde, so its
             // missing bounds are the likelier ones: the `.await` shares its span then.
@@ -79,12 +95,15 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
                 Some(ty) => ty.to_token_stream(),
                 None => quote!(<#full as #pr::Fallible>::Err),
             };
+            let ok_eq = eq_of(&ok);
             if args.cache_errors.is_some() {
+                let err_eq = eq_of(&err);
                 (
                     quote!(run_caching_errors),
                     quote!(#ok, #err, _, _, _, _),
                     None,
                     at,
+                    quote!((#ok_eq, #err_eq),),
                 )
             } else {
                 (
@@ -92,6 +111,7 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
                     quote!(#ok, #err, _, _, _),
                     Some(quote!(#pr::error_from::<#err>,)),
                     at,
+                    quote!(#ok_eq,),
                 )
             }
         }
@@ -106,14 +126,16 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
     };
 
     let name = func.sig.ident.to_string();
-    // A method's default scope names its `Self` type, so that `Orders::create` and
-    // `Users::create` in one module never share keys.
-    let scope = match &args.scope {
-        Some(opt) => opt.value.to_token_stream(),
-        None if func.sig.receiver().is_some() => {
-            quote!(&#pr::method_scope::<Self>(::core::module_path!(), #name))
+    // The default scope is spelled by the source alone (module path, the impl's type as
+    // `#[idem::scoped]` read it, the fn's name), never by what the compiler says of a type,
+    // so it stays the same across toolchains. `valid.rs` has made sure a method has its type.
+    let scope = match (&args.scope, &args.impl_path) {
+        (Some(opt), _) => opt.value.to_token_stream(),
+        (None, Some(opt)) => {
+            let ty = &opt.value;
+            quote!(::core::concat!(::core::module_path!(), "::", #ty, "::", #name))
         }
-        None => quote!(::core::concat!(::core::module_path!(), "::", #name)),
+        (None, None) => quote!(::core::concat!(::core::module_path!(), "::", #name)),
     };
 
     // The tuple of digested arguments, when the key or the fingerprint needs it.
@@ -141,7 +163,7 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
             let r = spanned_ref(&opt.value);
             quote! {{
                 #pr::assert_key(#r);
-                #pr::key(#scope, (&&#pr::KeyIdProbe(#r)).__idem_key_id())
+                #pr::key(#scope, (&&&&#pr::KeyIdProbe(#r)).__idem_key_id())
             }}
         }
         None => quote!(#pr::digest_key(#scope, &#digest)),
@@ -183,6 +205,17 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
         let expr = &opt.value;
         options.extend(quote!(.codec(#expr)));
     }
+    if let Some(opt) = &args.version {
+        let version = &opt.value;
+        options.extend(quote!(.version(#version)));
+    }
+    if let Some(Opt {
+        value: MissingKeyMode::Run,
+        ..
+    }) = &args.missing_key
+    {
+        options.extend(quote!(.missing_key(#pr::MissingKey::Run)));
+    }
     let predicate = match &args.cache_errors {
         Some(opt) => match &opt.value {
             Some(pred) => quote!(#pred,),
@@ -214,6 +247,7 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
         Delimiter::Parenthesis,
         quote! {
             #engine.call_checked(#key).fingerprint(#fp) #options,
+            #eqs
             #from_idem
             #predicate
             #body
@@ -225,7 +259,10 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
         #engine_init
         let (#key, #fp) = {
             #[allow(unused_imports)]
-            use #pr::{ArgPlaceholder as _, ArgSerialize as _, ViaDigest as _, ViaNothing as _, ViaReadable as _};
+            use #pr::{
+                ArgPlaceholder as _, ArgSerialize as _, ViaDigest as _, ViaNothing as _,
+                ViaOptionalDigest as _, ViaOptionalReadable as _, ViaReadable as _,
+            };
             #arg_stmts
             (#key_expr, #fp_expr)
         };

@@ -5,6 +5,7 @@
 
 mod attr;
 mod expand;
+mod scoped;
 mod valid;
 
 use proc_macro::TokenStream;
@@ -15,4 +16,12 @@ use proc_macro::TokenStream;
 #[proc_macro_attribute]
 pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(attr.into(), item.into()).into()
+}
+
+/// Defined in `idem-macros` and re-exported by `idem` as `idem::scoped`: on an impl block,
+/// it gives each `#[idempotent]` method without a `scope` the default scope
+/// `<module>::<Type>::<method>`, from the impl's type as the source spells it.
+#[proc_macro_attribute]
+pub fn scoped(attr: TokenStream, item: TokenStream) -> TokenStream {
+    scoped::scoped(attr.into(), item.into()).into()
 }

@@ -120,6 +120,30 @@ pub fn check(func: &ItemFn, args: &Args) -> Result<Func, syn::Error> {
         ));
     }
 
+    // Scopes the source cannot spell. A method's default scope names its type, which an
+    // attribute on a fn cannot see: `#[idem::scoped]` on the impl block tells it. A generic
+    // fn's instantiations would all share the fn's scope, so the user must say so.
+    if args.scope.is_none() {
+        if let (Some(receiver), None) = (sig.receiver(), &args.impl_path) {
+            errors.push(syn::Error::new(
+                receiver.self_token.span,
+                format!(
+                    "the default scope of a method names its type, which #[idempotent] cannot see from the method: put `#[idem::scoped]` on the impl block (the scope is then `<module>::<Type>::{name}`), or give this method a `scope = \"...\"`",
+                    name = sig.ident
+                ),
+            ));
+        }
+        if let Some(span) = generic_span(sig) {
+            errors.push(syn::Error::new(
+                span,
+                format!(
+                    "a generic #[idempotent] fn needs a `scope = \"...\"`: every instantiation of `{name}` would share one default scope, and the source cannot name them apart; with an explicit scope they share it knowingly, so put what tells them apart (a type's name constant, say) into `key`",
+                    name = sig.ident
+                ),
+            ));
+        }
+    }
+
     // Argument bindings, and `skip` names that must be among them.
     let mut bound: Vec<Ident> = Vec::new();
     for input in &sig.inputs {
@@ -160,6 +184,21 @@ pub fn check(func: &ItemFn, args: &Args) -> Result<Func, syn::Error> {
         ret,
         body_ty,
         digested,
+    })
+}
+
+/// The first type or const parameter of the fn, or `impl Trait` among its argument types.
+fn generic_span(sig: &syn::Signature) -> Option<Span> {
+    let param = sig.generics.params.iter().find_map(|p| match p {
+        syn::GenericParam::Type(t) => Some(t.ident.span()),
+        syn::GenericParam::Const(c) => Some(c.ident.span()),
+        syn::GenericParam::Lifetime(_) => None,
+    });
+    param.or_else(|| {
+        sig.inputs.iter().find_map(|input| match input {
+            FnArg::Typed(arg) => find_impl_trait(&arg.ty),
+            FnArg::Receiver(_) => None,
+        })
     })
 }
 

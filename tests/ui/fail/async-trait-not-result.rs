@@ -8,6 +8,7 @@ pub trait Payments {
 pub struct Service;
 
 #[async_trait]
+#[idem::scoped]
 impl Payments for Service {
     #[idempotent]
     async fn charge(&self, amount: u64) -> u64 {

@@ -13,6 +13,7 @@ pub struct Service {
 }
 
 #[async_trait]
+#[idem::scoped]
 impl Payments for Service {
     #[idempotent(key = order_id, store = self.idem)]
     async fn charge(&self, order_id: String, amount: u64) -> Result<u64, idem::Error> {

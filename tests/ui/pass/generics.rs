@@ -1,11 +1,11 @@
-//! Generic functions with where-clauses, `impl Trait` arguments, and results named
-//! through aliases.
+//! Generic functions with where-clauses, `impl Trait` arguments (each with the `scope`
+//! a generic fn needs), generic impls, and results named through aliases.
 use std::fmt::Debug;
 
 use idem::idempotent;
 use serde::{de::DeserializeOwned, Serialize};
 
-#[idempotent]
+#[idempotent(scope = "generics::echo")]
 async fn echo<T>(value: T) -> T
 where
     T: Serialize + DeserializeOwned + Debug + Send,
@@ -13,9 +13,30 @@ where
     value
 }
 
-#[idempotent(key = id)]
+#[idempotent(key = id, scope = "generics::describe")]
 async fn describe(id: impl Serialize + Send, label: impl AsRef<str> + Serialize) -> String {
     label.as_ref().to_uppercase()
+}
+
+pub trait Entity: Serialize + DeserializeOwned + Send + Sync {
+    const KIND: &'static str;
+}
+
+impl Entity for u64 {
+    const KIND: &'static str = "count";
+}
+
+pub struct Repo<T> {
+    items: Vec<T>,
+}
+
+#[idem::scoped]
+impl<T: Entity + Clone> Repo<T> {
+    // Instantiations share the explicit scope; the key tells them apart.
+    #[idempotent(key = (T::KIND, index), scope = "generics::Repo::load")]
+    pub async fn load(&self, index: usize) -> Option<T> {
+        self.items.get(index).cloned()
+    }
 }
 
 type AppResult<T> = Result<T, idem::Error>;
@@ -54,6 +75,8 @@ async fn main() {
     assert_eq!(echo(vec![1u8, 2]).await.unwrap(), vec![1, 2]);
     assert_eq!(describe(7u32, "x".to_string()).await.unwrap(), "X");
     assert_eq!(aliased(2).await.unwrap(), 4);
+    let repo = Repo { items: vec![5u64] };
+    assert_eq!(repo.load(0).await.unwrap(), Some(5));
     assert_eq!(path_alias(2).await.unwrap(), 2);
     assert_eq!(question_mark("41".into()).await.unwrap(), 42);
 }

@@ -9,6 +9,7 @@ pub struct Service {
     calls: u32,
 }
 
+#[idem::scoped]
 impl Service {
     #[idempotent(key = order_id, store = self.idem)]
     pub async fn by_ref(&self, order_id: String) -> u32 {
