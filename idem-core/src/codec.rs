@@ -4,7 +4,8 @@
 //! result written by yesterday's type decodes into today's when the change is compatible (a
 //! new `#[serde(default)]` field) and is refused with [`Error::Decode`](crate::Error::Decode)
 //! when it is not. `Postcard` (feature `postcard`) and `Bincode` (feature `bincode`) are compact but not self-describing: with
-//! them, a changed result type must change its scope.
+//! them, a changed result type must change its `version` (`Call::version`, or `version = N` in
+//! `#[idempotent]`).
 
 use serde::{de::DeserializeOwned, Serialize};
 
