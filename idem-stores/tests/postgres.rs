@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem_core::testing::backend_url;
-use idem_core::{Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, StoreError};
+use idem_core::{
+    Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, StoreError, Token,
+};
 use idem_stores::PostgresStore;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -509,7 +511,12 @@ async fn keys_are_bound_parameters_stored_verbatim() {
     for id in &ids {
         let k = key(id);
         let Claim::Acquired { token, .. } = store
-            .claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+            .claim(
+                &k,
+                &Fingerprint::NONE,
+                Token::random(),
+                Duration::from_secs(30),
+            )
             .await
             .unwrap()
         else {
@@ -538,7 +545,12 @@ async fn keys_are_bound_parameters_stored_verbatim() {
     let nul = key("a\0b");
     assert!(matches!(
         store
-            .claim(&nul, &Fingerprint::NONE, Duration::from_secs(1))
+            .claim(
+                &nul,
+                &Fingerprint::NONE,
+                Token::random(),
+                Duration::from_secs(1)
+            )
             .await,
         Err(StoreError::Backend { .. })
     ));
@@ -657,7 +669,12 @@ async fn purge_expired_deletes_ended_records_in_batches() {
     for i in 0..25 {
         let k = key(&format!("short{i}"));
         let Claim::Acquired { token, .. } = store
-            .claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+            .claim(
+                &k,
+                &Fingerprint::NONE,
+                Token::random(),
+                Duration::from_secs(30),
+            )
             .await
             .unwrap()
         else {
@@ -673,6 +690,7 @@ async fn purge_expired_deletes_ended_records_in_batches() {
             .claim(
                 &key(&format!("ended-lease{i}")),
                 &Fingerprint::NONE,
+                Token::random(),
                 Duration::from_millis(50),
             )
             .await
@@ -681,6 +699,7 @@ async fn purge_expired_deletes_ended_records_in_batches() {
             .claim(
                 &key(&format!("live{i}")),
                 &Fingerprint::NONE,
+                Token::random(),
                 Duration::from_secs(30),
             )
             .await
@@ -697,31 +716,73 @@ async fn purge_expired_deletes_ended_records_in_batches() {
 }
 
 #[tokio::test]
-async fn a_takeover_is_marked_recovered_and_tokens_grow() {
+async fn a_takeover_is_marked_recovered_under_the_callers_token() {
     let Some(store) = fresh().await else { return };
     let k = key("recover");
-    let Claim::Acquired { token: first, .. } = store
-        .claim(&k, &Fingerprint::NONE, Duration::from_millis(50))
+    store
+        .claim(
+            &k,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_millis(50),
+        )
         .await
-        .unwrap()
-    else {
-        panic!()
-    };
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(150)).await;
+    let mine = Token::random();
     match store
-        .claim(&k, &Fingerprint::NONE, Duration::from_secs(5))
+        .claim(&k, &Fingerprint::NONE, mine, Duration::from_secs(5))
         .await
         .unwrap()
     {
         Claim::Acquired { token, recovered } => {
             assert!(recovered);
-            assert!(
-                token > first,
-                "tokens come from a sequence: {first:?} then {token:?}"
-            );
+            assert_eq!(token, mine, "the claim's token is the caller's");
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// Claims bring their own token, so `migrate` no longer creates a token sequence; one that
+/// an earlier build created is left alone, and the table works with or without it.
+#[tokio::test]
+async fn migrate_creates_no_token_sequence_and_leaves_an_old_one_alone() {
+    let Some(url) = url() else { return };
+    let store = fresh_on(&url, 2).await;
+    let sequence = format!("{}_token_seq", store.table());
+    let exists = |name: String| {
+        let pool = store.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, bool>("SELECT to_regclass($1) IS NOT NULL")
+                .bind(name)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(!exists(sequence.clone()).await, "migrate made {sequence}");
+
+    // A table from an earlier build: schema version 1 with its sequence.
+    let old = PostgresStore::new(pool(&url, 2).await)
+        .with_table(&format!("{}_old", store.table()))
+        .unwrap();
+    let old_sequence = format!("{}_token_seq", old.table());
+    sqlx::query(&format!("CREATE SEQUENCE {old_sequence}"))
+        .execute(old.pool())
+        .await
+        .unwrap();
+    old.migrate().await.unwrap();
+    old.migrate().await.unwrap();
+    assert!(
+        exists(old_sequence.clone()).await,
+        "{old_sequence} was dropped"
+    );
+    let idem = Idem::new(old);
+    let v: u8 = idem
+        .run(key("old-table"), Fingerprint::NONE, || async { 3 })
+        .await
+        .unwrap();
+    assert_eq!(v, 3);
 }
 
 #[tokio::test]
@@ -766,7 +827,12 @@ async fn a_replay_takes_no_row_lock_and_writes_nothing() {
     let Some(store) = fresh().await else { return };
     let k = key("replay-reads");
     let Claim::Acquired { token, .. } = store
-        .claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+        .claim(
+            &k,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(30),
+        )
         .await
         .unwrap()
     else {
@@ -778,7 +844,12 @@ async fn a_replay_takes_no_row_lock_and_writes_nothing() {
         .unwrap();
     let held = key("held-elsewhere");
     store
-        .claim(&held, &Fingerprint::NONE, Duration::from_secs(30))
+        .claim(
+            &held,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(30),
+        )
         .await
         .unwrap();
 
@@ -807,7 +878,12 @@ async fn a_replay_takes_no_row_lock_and_writes_nothing() {
     .unwrap();
     let replay = tokio::time::timeout(
         Duration::from_secs(3),
-        store.claim(&k, &Fingerprint::NONE, Duration::from_secs(30)),
+        store.claim(
+            &k,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(30),
+        ),
     )
     .await
     .expect("a replay waited for a row lock")
@@ -815,7 +891,12 @@ async fn a_replay_takes_no_row_lock_and_writes_nothing() {
     assert!(matches!(replay, Claim::Completed { .. }), "{replay:?}");
     let busy = tokio::time::timeout(
         Duration::from_secs(3),
-        store.claim(&held, &Fingerprint::NONE, Duration::from_secs(30)),
+        store.claim(
+            &held,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(30),
+        ),
     )
     .await
     .expect("an in-progress answer waited for a row lock")
