@@ -719,6 +719,24 @@ pub async fn special_character_keys_are_distinct(store: Arc<dyn Store>) {
     distinct_ids(&*store, &unique_scope("special"), &ids).await;
 }
 
+/// Ids holding NUL, every other C0 control character and DEL are keys like any other: each
+/// is stored and stays apart from the rest, `"a\0b"` from `"a%00b"` and `"a"` included (a
+/// store that escapes such bytes must not map two ids onto one record).
+pub async fn control_character_keys_are_distinct(store: Arc<dyn Store>) {
+    let mut ids: Vec<String> = [
+        "a\0b", "a%00b", "a", "a%", "a%25", "a%2500b", "\0", "\0\0", "%00", "%2500", "%",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    ids.extend(
+        (0x01u8..=0x1f)
+            .chain([0x7f])
+            .map(|c| format!("a{}b", char::from(c))),
+    );
+    distinct_ids(&*store, &unique_scope("control"), &ids).await;
+}
+
 /// Equal ids in two scopes are two keys.
 pub async fn scopes_keep_equal_ids_apart(store: Arc<dyn Store>) {
     let (a, b) = (unique_scope("scope-a"), unique_scope("scope-b"));
@@ -917,6 +935,7 @@ macro_rules! __conformance_behaviours {
             unicode_keys_are_distinct,
             long_keys_are_distinct,
             special_character_keys_are_distinct,
+            control_character_keys_are_distinct,
             scopes_keep_equal_ids_apart,
             fingerprint_is_kept,
             wait_capability_is_honest,

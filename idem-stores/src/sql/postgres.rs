@@ -5,7 +5,11 @@
 //! no live record exists, so a replay is a plain indexed read: no row lock, no write, no WAL.
 //! When a concurrent claim commits the row after the statement's snapshot, the statement
 //! answers with no row; the store then runs it once more.
+//!
+//! Keys are stored through `stored_key`, which percent-encodes `%` and NUL: Postgres text
+//! cannot hold NUL, and every key `Key::new` accepts must work here.
 
+use std::borrow::Cow;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -224,7 +228,9 @@ impl PostgresStore {
         token: Token,
         arg: Bind,
     ) -> Result<(), StoreError> {
-        let mut q = sqlx::query(sql).bind(key.as_str()).bind(token_to_db(token));
+        let mut q = sqlx::query(sql)
+            .bind(stored_key(key))
+            .bind(token_to_db(token));
         match arg {
             Bind::Millis(ms) => q = q.bind(ms),
             Bind::Payload(p, ms) => q = q.bind(p.to_vec()).bind(ms),
@@ -299,6 +305,29 @@ struct Statements {
     get: String,
     delete: String,
     purge: String,
+}
+
+/// The key column's value for `key`: `scope/id` with `%` written `%25` and NUL written
+/// `%00`.
+///
+/// Postgres text cannot hold NUL (`invalid byte sequence for encoding "UTF8": 0x00`), yet
+/// `Key::new` accepts it, so NUL is escaped; escaping the escape character as well keeps the
+/// mapping one-to-one, so `a\0b`, `a%00b` and `a` stay three keys. Nothing is decoded back:
+/// the column is only compared with values made here.
+fn stored_key(key: &Key) -> Cow<'_, str> {
+    let key = key.as_str();
+    if !key.contains(['%', '\0']) {
+        return Cow::Borrowed(key);
+    }
+    let mut out = String::with_capacity(key.len() + 8);
+    for c in key.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '\0' => out.push_str("%00"),
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
 }
 
 /// The claim statement: `$1` key, `$2` fingerprint, `$3` lease in milliseconds, `$4` the
@@ -404,7 +433,7 @@ impl Store for PostgresStore {
     ) -> Result<Claim, StoreError> {
         for attempt in 1..=CLAIM_ATTEMPTS {
             let row = sqlx::query(&self.sql.claim)
-                .bind(key.as_str())
+                .bind(stored_key(key))
                 .bind(&fingerprint.as_bytes()[..])
                 .bind(millis(lease))
                 .bind(token_to_db(token))
@@ -457,7 +486,7 @@ impl Store for PostgresStore {
 
     async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError> {
         let done: bool = sqlx::query_scalar(&self.sql.release)
-            .bind(key.as_str())
+            .bind(stored_key(key))
             .bind(token_to_db(token))
             .fetch_one(&self.pool)
             .await
@@ -476,7 +505,7 @@ impl Store for PostgresStore {
 
     async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         let row = sqlx::query(&self.sql.get)
-            .bind(key.as_str())
+            .bind(stored_key(key))
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| self.error(e))?;
@@ -491,10 +520,92 @@ impl Store for PostgresStore {
 
     async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
         let live: Option<bool> = sqlx::query_scalar(&self.sql.delete)
-            .bind(key.as_str())
+            .bind(stored_key(key))
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| self.error(e))?;
         Ok(live.unwrap_or(false))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_keys_are_one_to_one_and_hold_no_nul() {
+        let ids = [
+            "a",
+            "a\0b",
+            "a%00b",
+            "a%2500b",
+            "a%b",
+            "a%25b",
+            "a%",
+            "a%25",
+            "%",
+            "%25",
+            "%2525",
+            "\0",
+            "\0\0",
+            "%00",
+            "%0000",
+            "%00%00",
+            "\0%",
+            "%\0",
+            "a\u{1}b",
+            "a\u{7f}b",
+            "日本\0語",
+        ];
+        let stored: Vec<String> = ids
+            .iter()
+            .map(|id| stored_key(&Key::new("s", id).unwrap()).into_owned())
+            .collect();
+        for (i, a) in stored.iter().enumerate() {
+            assert!(
+                !a.contains('\0'),
+                "{:?} is stored with a NUL: {a:?}",
+                ids[i]
+            );
+            for (j, b) in stored.iter().enumerate().skip(i + 1) {
+                assert_ne!(a, b, "{:?} and {:?} share a stored key", ids[i], ids[j]);
+            }
+        }
+        assert_eq!(stored[0], "s/a");
+        assert_eq!(stored[1], "s/a%00b");
+        assert_eq!(stored[2], "s/a%2500b");
+    }
+
+    #[test]
+    fn stored_keys_decode_back_to_the_key() {
+        // One-to-one for every id, not only those listed above: the encoding has an exact
+        // inverse (which the store never needs, since it only compares).
+        fn decode(s: &str) -> String {
+            let mut out = String::new();
+            let mut rest = s;
+            while let Some(i) = rest.find('%') {
+                out.push_str(&rest[..i]);
+                match &rest[i + 1..i + 3] {
+                    "25" => out.push('%'),
+                    "00" => out.push('\0'),
+                    other => panic!("unexpected escape %{other}"),
+                }
+                rest = &rest[i + 3..];
+            }
+            out.push_str(rest);
+            out
+        }
+        let mut id = String::new();
+        for c in "a%\0b%%00\0\u{1}%25é".chars().cycle().take(200) {
+            id.push(c);
+            let key = Key::new("scope", &id).unwrap();
+            assert_eq!(decode(&stored_key(&key)), key.as_str());
+        }
+    }
+
+    #[test]
+    fn plain_keys_are_stored_as_they_are() {
+        let key = Key::new("billing", "order-42 ünïcödé").unwrap();
+        assert!(matches!(stored_key(&key), Cow::Borrowed(s) if s == key.as_str()));
     }
 }
