@@ -21,6 +21,9 @@ struct Faulty {
     fail_completes: AtomicU32,
     /// Completes that are stored, but whose answer is lost on the way back.
     lose_complete_answers: AtomicU32,
+    /// After the next lost answer, another caller takes the key over and stores the very
+    /// same bytes under its own token.
+    take_over_after_lost_answer: AtomicBool,
     /// Milliseconds each complete and release takes before reaching the store.
     complete_delay_ms: AtomicU32,
     release_delay_ms: AtomicU32,
@@ -49,6 +52,7 @@ impl Store for Faulty {
         &self,
         key: &Key,
         fp: &Fingerprint,
+        token: Token,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
@@ -56,7 +60,7 @@ impl Store for Faulty {
         if self.fail_claims.load(Ordering::SeqCst) {
             return Err(unavailable());
         }
-        self.inner.claim(key, fp, lease).await
+        self.inner.claim(key, fp, token, lease).await
     }
     async fn complete(
         &self,
@@ -75,12 +79,25 @@ impl Store for Faulty {
         {
             return Err(unavailable());
         }
-        self.inner.complete(key, token, payload, ttl).await?;
+        self.inner
+            .complete(key, token, payload.clone(), ttl)
+            .await?;
         if self
             .lose_complete_answers
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok()
         {
+            if self
+                .take_over_after_lost_answer
+                .swap(false, Ordering::SeqCst)
+            {
+                self.inner.delete(key).await?;
+                let other = Token::random();
+                self.inner
+                    .claim(key, &Fingerprint::NONE, other, Duration::from_secs(5))
+                    .await?;
+                self.inner.complete(key, other, payload, ttl).await?;
+            }
             return Err(unavailable());
         }
         Ok(())
@@ -555,7 +572,7 @@ async fn a_complete_whose_answer_was_lost_is_not_a_lost_lease() {
     assert_eq!(
         store.completes.load(Ordering::SeqCst),
         2,
-        "stored, answer lost, retried and fenced"
+        "stored, answer lost, retried: the store answers the repeat like the first"
     );
     let replay: u8 = idem
         .run(key("lost-answer"), Fingerprint::NONE, || async { 9 })
@@ -565,13 +582,37 @@ async fn a_complete_whose_answer_was_lost_is_not_a_lost_lease() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+/// The engine trusts the store's answer to a retried complete: the store recognises a
+/// repeat of its own token, so a retry that is fenced was fenced, even when the record it
+/// finds holds the same bytes under another caller's token.
+#[tokio::test]
+async fn a_retried_complete_that_is_fenced_is_a_lost_lease() {
+    let (store, idem) = setup();
+    store.lose_complete_answers.store(1, Ordering::SeqCst);
+    store
+        .take_over_after_lost_answer
+        .store(true, Ordering::SeqCst);
+    let res = idem
+        .run(key("lost-answer-then-taken"), Fingerprint::NONE, || async {
+            8u8
+        })
+        .await;
+    assert!(matches!(res, Err(Error::LeaseLost { .. })), "{res:?}");
+    assert_eq!(store.completes.load(Ordering::SeqCst), 2);
+}
+
 #[tokio::test]
 async fn records_that_do_not_decode_are_errors_naming_the_key() {
     let (store, idem) = setup();
     // Junk bytes under the key.
     let k = key("junk");
     let Claim::Acquired { token, .. } = store
-        .claim(&k, &Fingerprint::NONE, Duration::from_secs(5))
+        .claim(
+            &k,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(5),
+        )
         .await
         .unwrap()
     else {
@@ -874,7 +915,12 @@ async fn huge_durations_are_refused_not_overflowed() {
     // A store used directly saturates instead of panicking.
     let memory = MemoryStore::new();
     let Claim::Acquired { token, .. } = memory
-        .claim(&key("direct"), &Fingerprint::NONE, Duration::MAX)
+        .claim(
+            &key("direct"),
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::MAX,
+        )
         .await
         .unwrap()
     else {

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem::{Fingerprint, Idem, Key, MemoryStore, Store};
+use idem::{Fingerprint, Idem, Key, MemoryStore, Store, Token};
 
 fn key(id: &str) -> Key {
     Key::new("engine-tests", id).unwrap()
@@ -67,7 +67,12 @@ async fn tracing_events_mark_claim_replay_complete_release_and_takeover() {
         .await;
     // A holder that vanished: its lease ends and the next call takes over.
     store
-        .claim(&key("t3"), &Fingerprint::NONE, Duration::from_secs(1))
+        .claim(
+            &key("t3"),
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(1),
+        )
         .await
         .unwrap();
     tokio::time::advance(Duration::from_secs(2)).await;

@@ -16,7 +16,7 @@ use crate::digest;
 use crate::envelope::{self, Kind};
 use crate::error::{BoxError, DecodeError, Error, StoreError};
 use crate::key::Key;
-use crate::store::{Claim, Fingerprint, Record, Store, Token};
+use crate::store::{Claim, Fingerprint, Store, Token};
 
 /// The default time a stored result lives: 24 hours.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
@@ -499,9 +499,12 @@ impl<'a, C: Codec> Call<'a, C> {
 
         let started = Instant::now();
         let mut poll = FIRST_POLL;
+        // One token for the whole call: a claim the store answered but whose reply was lost
+        // and that is sent again (by a retrying client) is then recognised as this call's.
+        let ours = Token::random();
         let token = loop {
             let claim = store
-                .claim(&key, &fp, lease)
+                .claim(&key, &fp, ours, lease)
                 .await
                 .map_err(|source| store_error(&key, source))?;
             match claim {
@@ -616,11 +619,8 @@ impl<'a, C: Codec> Call<'a, C> {
             match store.complete(&key, token, sealed.clone(), ttl).await {
                 Ok(()) => break,
                 Err(StoreError::Fenced) => {
-                    // A retried complete is fenced when the first attempt was stored but
-                    // its answer was lost: then the record holds exactly our bytes.
-                    if attempt > 1 && stored_ours(store, &key, &sealed).await {
-                        break;
-                    }
+                    // Not a lost answer of an earlier attempt: a repeated complete with our
+                    // token is answered Ok by the store. Another claim holds the key.
                     tracing::warn!(target: "idem", key = %key, token = %token,
                         "lease lost before the result was stored");
                     return Err(Error::LeaseLost { key });
@@ -669,14 +669,6 @@ fn store_error(key: &Key, source: StoreError) -> Error {
             source,
         },
     }
-}
-
-/// Whether the record under `key` is a completed one holding exactly `sealed`.
-async fn stored_ours(store: &dyn Store, key: &Key, sealed: &Bytes) -> bool {
-    matches!(
-        store.get(key).await,
-        Ok(Some(Record::Completed { payload, .. })) if payload == *sealed
-    )
 }
 
 fn decode<C: Codec, T: DeserializeOwned, E, P: ErrorPolicy<E>>(

@@ -1,7 +1,10 @@
 //! The store contract: what every backend implements.
 
+use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::sync::Arc;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -12,12 +15,42 @@ use crate::digest;
 use crate::error::StoreError;
 use crate::key::Key;
 
-/// A fencing token: issued by the store with each successful claim, different from every
-/// token issued earlier for the same key. The store accepts `complete`, `extend` and
-/// `release` only with the current token, so a holder that outlived its lease cannot
-/// overwrite its successor's result.
+/// A fencing token: chosen by the caller of [`Store::claim`] (the engine makes one with
+/// [`Token::random`] for each call) and kept by the store as the claim's token. The store
+/// accepts `complete`, `extend` and `release` only with the current token, so a holder that
+/// outlived its lease cannot overwrite its successor's result.
+///
+/// Because the caller chooses it, a step resent with the same token (after a lost reply, or
+/// by a client that retries on its own) is recognised as the same step, not a new one.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Token(pub u64);
+
+impl Token {
+    /// A token no other call of this process has had, and that another process repeats
+    /// with odds of 2^-64: a SplitMix64 sequence (a bijection of a counter, so no repeat
+    /// within 2^64 calls) from a per-process random start.
+    pub fn random() -> Token {
+        const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+        static STATE: LazyLock<AtomicU64> = LazyLock::new(|| {
+            // std's RandomState is seeded from the OS; the pid and the time keep two
+            // processes apart even where that seed were weak.
+            let mut h = RandomState::new().build_hasher();
+            h.write_u32(std::process::id());
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0);
+            h.write_u128(nanos);
+            AtomicU64::new(h.finish())
+        });
+        let mut z = STATE
+            .fetch_add(GAMMA, Ordering::Relaxed)
+            .wrapping_add(GAMMA);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        Token(z ^ (z >> 31))
+    }
+}
 
 impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -84,7 +117,7 @@ impl fmt::Debug for Fingerprint {
 pub enum Claim {
     /// The caller now holds the key under a lease and must run the body.
     Acquired {
-        /// The fencing token of this claim.
+        /// The fencing token of this claim: the one the caller gave.
         token: Token,
         /// Whether an earlier claim's lease had ended and this one took the key over.
         recovered: bool,
@@ -155,21 +188,33 @@ impl Capabilities {
 /// Time (lease and record expiry) is the store's own clock: Redis `PX`, Postgres `now()`,
 /// tokio's clock in memory; never one client's wall clock.
 ///
+/// A step repeated with the same token has the effect of one: a client or a network that
+/// resends a claim, complete, extend or release after losing its reply gets the answer of
+/// the first, and the record is as the first left it.
+///
 /// Every backend passes the conformance suite in `idem_core::testing` (feature `testing`).
 #[async_trait]
 pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// In one atomic step: no live record, or an in-progress record whose lease has ended,
-    /// becomes an in-progress record held for `lease` under a new token (`Acquired`,
+    /// becomes an in-progress record held for `lease` under `token` (`Acquired`,
     /// `recovered` when a lease was taken over); a live in-progress record answers
-    /// `InProgress`; a completed record answers `Completed` with its payload.
+    /// `InProgress`, unless it is held by `token` itself: then this is a resent claim,
+    /// answered `Acquired { token, recovered: false }` and the record left unchanged; a
+    /// completed record answers `Completed` with its payload.
+    ///
+    /// `token` must be new for every call ([`Token::random`]); it is the claim's fencing
+    /// token.
     async fn claim(
         &self,
         key: &Key,
         fingerprint: &Fingerprint,
+        token: Token,
         lease: Duration,
     ) -> Result<Claim, StoreError>;
 
     /// Stores the result for `ttl` if `token` is current; [`StoreError::Fenced`] otherwise.
+    /// Repeated after it succeeded (the record is completed under `token` and live), it
+    /// answers `Ok` and leaves the stored record (payload and expiry) as it is.
     async fn complete(
         &self,
         key: &Key,
@@ -178,11 +223,14 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         ttl: Duration,
     ) -> Result<(), StoreError>;
 
-    /// Deletes the in-progress record if `token` is current, so that a retry runs again;
-    /// [`StoreError::Fenced`] otherwise.
+    /// Deletes the in-progress record if `token` is current, so that a retry runs again.
+    /// When the key holds no record at all (a repeat: the first release deleted it), `Ok`;
+    /// [`StoreError::Fenced`] when it holds anything else: another token's claim, an ended
+    /// lease, or a completed record.
     async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError>;
 
-    /// Sets the lease of the in-progress record to `lease` from now if `token` is current;
+    /// Sets the lease of the in-progress record to `lease` from now if `token` is current
+    /// (so a repeat sets the same deadline again, it does not add up);
     /// [`StoreError::Fenced`] otherwise.
     async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError>;
 
@@ -211,8 +259,8 @@ macro_rules! forward_store {
     ($($ty:ty),*) => {$(
         #[async_trait]
         impl<S: Store + ?Sized> Store for $ty {
-            async fn claim(&self, key: &Key, fingerprint: &Fingerprint, lease: Duration) -> Result<Claim, StoreError> {
-                (**self).claim(key, fingerprint, lease).await
+            async fn claim(&self, key: &Key, fingerprint: &Fingerprint, token: Token, lease: Duration) -> Result<Claim, StoreError> {
+                (**self).claim(key, fingerprint, token, lease).await
             }
             async fn complete(&self, key: &Key, token: Token, payload: Bytes, ttl: Duration) -> Result<(), StoreError> {
                 (**self).complete(key, token, payload, ttl).await
@@ -239,3 +287,29 @@ macro_rules! forward_store {
     )*};
 }
 forward_store!(Arc<S>, Box<S>);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_tokens_do_not_repeat() {
+        let tokens: std::collections::HashSet<_> = (0..100_000).map(|_| Token::random()).collect();
+        assert_eq!(tokens.len(), 100_000);
+    }
+
+    #[test]
+    fn random_tokens_do_not_repeat_across_threads() {
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(|| (0..10_000).map(|_| Token::random()).collect::<Vec<_>>())
+            })
+            .collect();
+        let mut all = std::collections::HashSet::new();
+        for t in threads {
+            for token in t.join().unwrap() {
+                assert!(all.insert(token), "{token:?} was handed out twice");
+            }
+        }
+    }
+}

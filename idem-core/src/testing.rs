@@ -83,16 +83,30 @@ fn fp(n: u8) -> Fingerprint {
     Fingerprint::of(&n)
 }
 
+/// Claims `k` with a new token and checks that the store kept that token.
 async fn acquire(store: &dyn Store, k: &Key, f: &Fingerprint, lease: Duration) -> Token {
-    match store.claim(k, f, lease).await.expect("claim") {
-        Claim::Acquired { token, .. } => token,
+    let mine = Token::random();
+    match store.claim(k, f, mine, lease).await.expect("claim") {
+        Claim::Acquired { token, .. } => {
+            assert_eq!(token, mine, "the claim's token is the one the caller gave");
+            token
+        }
         other => panic!("expected Acquired for {k}, got {other:?}"),
     }
 }
 
+/// A claim as another caller makes it: with a token of its own.
+async fn claim_anew(
+    store: &dyn Store,
+    k: &Key,
+    f: &Fingerprint,
+    lease: Duration,
+) -> Result<Claim, StoreError> {
+    store.claim(k, f, Token::random(), lease).await
+}
+
 async fn completed_payload(store: &dyn Store, k: &Key) -> Bytes {
-    match store
-        .claim(k, &Fingerprint::NONE, LONG)
+    match claim_anew(store, k, &Fingerprint::NONE, LONG)
         .await
         .expect("claim")
     {
@@ -111,8 +125,12 @@ fn assert_fenced(res: Result<(), StoreError>, what: &str) {
 /// A fresh key is acquired, not recovered.
 pub async fn claim_fresh_key_is_acquired(store: Arc<dyn Store>) {
     let k = key(&unique_scope("fresh"), "k");
-    match store.claim(&k, &fp(1), LONG).await.unwrap() {
-        Claim::Acquired { recovered, .. } => assert!(!recovered, "a fresh key is not a recovery"),
+    let mine = Token::random();
+    match store.claim(&k, &fp(1), mine, LONG).await.unwrap() {
+        Claim::Acquired { token, recovered } => {
+            assert_eq!(token, mine, "the claim's token is the one the caller gave");
+            assert!(!recovered, "a fresh key is not a recovery");
+        }
         other => panic!("expected Acquired, got {other:?}"),
     }
 }
@@ -121,7 +139,7 @@ pub async fn claim_fresh_key_is_acquired(store: Arc<dyn Store>) {
 pub async fn claim_held_key_is_in_progress(store: Arc<dyn Store>) {
     let k = key(&unique_scope("held"), "k");
     acquire(&*store, &k, &fp(1), LONG).await;
-    match store.claim(&k, &fp(1), LONG).await.unwrap() {
+    match claim_anew(&*store, &k, &fp(1), LONG).await.unwrap() {
         Claim::InProgress { retry_after, .. } => {
             assert!(
                 retry_after <= LONG,
@@ -152,7 +170,7 @@ pub async fn complete_then_claim_replays_payload(store: Arc<dyn Store>) {
     }
 }
 
-/// Release deletes the claim: the next claim acquires, with a new token.
+/// Release deletes the claim: the next claim acquires, with its own token.
 pub async fn release_lets_next_claim_acquire(store: Arc<dyn Store>) {
     let k = key(&unique_scope("release"), "k");
     let t1 = acquire(&*store, &k, &fp(1), LONG).await;
@@ -162,7 +180,7 @@ pub async fn release_lets_next_claim_acquire(store: Arc<dyn Store>) {
         "a released key has no record"
     );
     let t2 = acquire(&*store, &k, &fp(1), LONG).await;
-    assert_ne!(t1, t2, "a new claim gets a new token");
+    assert_ne!(t1, t2, "two claims, two tokens");
 }
 
 /// `get` of a key never used is None.
@@ -242,7 +260,7 @@ pub async fn completed_record_expires_after_ttl(store: Arc<dyn Store>) {
         store.get(&k).await.unwrap().is_none(),
         "the record outlived its ttl"
     );
-    match store.claim(&k, &fp(2), LONG).await.unwrap() {
+    match claim_anew(&*store, &k, &fp(2), LONG).await.unwrap() {
         Claim::Acquired { recovered, .. } => {
             assert!(!recovered, "an expired result is not a recovery")
         }
@@ -265,18 +283,20 @@ pub async fn completed_record_outlives_its_lease(store: Arc<dyn Store>) {
     );
 }
 
-/// Once a lease ends, another claim takes the key over with a new token, marked recovered.
+/// Once a lease ends, another claim takes the key over with its own token.
 pub async fn lease_takeover_after_lease_ends(store: Arc<dyn Store>) {
     let k = key(&unique_scope("takeover"), "k");
     let t1 = acquire(&*store, &k, &fp(1), SHORT).await;
     assert!(matches!(
-        store.claim(&k, &fp(1), LONG).await.unwrap(),
+        claim_anew(&*store, &k, &fp(1), LONG).await.unwrap(),
         Claim::InProgress { .. }
     ));
     tokio::time::sleep(PAST_SHORT).await;
-    match store.claim(&k, &fp(1), LONG).await.unwrap() {
+    let t2 = Token::random();
+    match store.claim(&k, &fp(1), t2, LONG).await.unwrap() {
         Claim::Acquired { token, recovered } => {
-            assert_ne!(token, t1, "the successor needs a new token");
+            assert_eq!(token, t2, "the successor holds the key under its own token");
+            assert_ne!(token, t1);
             // A store whose records vanish with their lease cannot tell; it must not lie
             // the other way, though (checked in claim_fresh_key_is_acquired).
             let _ = recovered;
@@ -298,7 +318,7 @@ pub async fn extend_keeps_lease_alive(store: Arc<dyn Store>) {
     }
     // 4 * SHORT/3 > SHORT: without the extensions the lease would have ended.
     assert!(matches!(
-        store.claim(&k, &fp(1), LONG).await.unwrap(),
+        claim_anew(&*store, &k, &fp(1), LONG).await.unwrap(),
         Claim::InProgress { .. }
     ));
     store
@@ -358,7 +378,8 @@ pub async fn fencing_stale_token_cannot_release(store: Arc<dyn Store>) {
     );
 }
 
-/// complete, extend and release of a key never claimed are refused.
+/// complete and extend of a key never claimed are refused; a release of it has nothing to
+/// delete (as for a repeated release) and writes nothing either.
 pub async fn fencing_unknown_token_is_refused(store: Arc<dyn Store>) {
     let k = key(&unique_scope("fence-unknown"), "k");
     let t = Token(0x5eed);
@@ -367,7 +388,10 @@ pub async fn fencing_unknown_token_is_refused(store: Arc<dyn Store>) {
         "complete without a claim",
     );
     assert_fenced(store.extend(&k, t, LONG).await, "extend without a claim");
-    assert_fenced(store.release(&k, t).await, "release without a claim");
+    store
+        .release(&k, t)
+        .await
+        .expect("a release where no record is has nothing to do");
     assert!(
         store.get(&k).await.unwrap().is_none(),
         "nothing was written"
@@ -383,23 +407,169 @@ pub async fn fencing_unknown_token_is_refused(store: Arc<dyn Store>) {
     );
 }
 
-/// A stored result cannot be overwritten by completing again.
-pub async fn complete_twice_is_fenced(store: Arc<dyn Store>) {
-    let k = key(&unique_scope("complete-twice"), "k");
-    let t = acquire(&*store, &k, &fp(1), LONG).await;
+/// A claim resent with the token it was made with (its reply was lost) is the same claim:
+/// `Acquired` again, not a recovery, and the record is left as the first claim (and the
+/// extend after it) wrote it, lease included.
+pub async fn claim_repeated_with_same_token_is_acquired_again(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("claim-repeated"), "k");
+    let t = acquire(&*store, &k, &fp(4), LONG / 3).await;
     store
-        .complete(&k, t, Bytes::from_static(b"first"), LONG)
+        .extend(&k, t, LONG)
         .await
-        .unwrap();
+        .expect("extend by the holder");
+    // The resend asks for a short lease again: were it a new claim, the lease would shrink.
+    for _ in 0..2 {
+        match store.claim(&k, &fp(4), t, SHORT).await.unwrap() {
+            Claim::Acquired { token, recovered } => {
+                assert_eq!(token, t);
+                assert!(!recovered, "a resent claim is not a recovery");
+            }
+            other => panic!("a resent claim must be Acquired again, got {other:?}"),
+        }
+    }
+    match store.get(&k).await.unwrap() {
+        Some(Record::InProgress {
+            token,
+            fingerprint,
+            lease_remaining,
+        }) => {
+            assert_eq!(token, t);
+            assert_eq!(fingerprint, fp(4));
+            assert!(
+                lease_remaining > LONG / 2,
+                "the resent claim rewrote the lease: {lease_remaining:?} left"
+            );
+        }
+        other => panic!("expected the claim in progress, got {other:?}"),
+    }
+    store
+        .complete(&k, t, Bytes::from_static(b"once"), LONG)
+        .await
+        .expect("the holder of a resent claim completes");
+    assert_eq!(
+        completed_payload(&*store, &k).await,
+        Bytes::from_static(b"once")
+    );
+}
+
+/// A claim with another token while the key is held is another caller: `InProgress`, and
+/// the holder keeps the key (its token, its fingerprint).
+pub async fn claim_with_another_token_while_held_is_in_progress(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("claim-other-token"), "k");
+    let t = acquire(&*store, &k, &fp(5), LONG).await;
+    let other = Token(t.0 ^ 1);
+    for f in [fp(5), fp(6)] {
+        match store.claim(&k, &f, other, LONG).await.unwrap() {
+            Claim::InProgress { fingerprint, .. } => assert_eq!(fingerprint, fp(5)),
+            answer => panic!("a claim with another token while held: {answer:?}"),
+        }
+    }
+    assert!(
+        matches!(store.get(&k).await.unwrap(), Some(Record::InProgress { token, .. }) if token == t),
+        "the holder lost the key to another token"
+    );
     assert_fenced(
         store
-            .complete(&k, t, Bytes::from_static(b"second"), LONG)
+            .complete(&k, other, Bytes::from_static(b"other"), LONG)
             .await,
-        "second complete",
+        "complete with the token that was answered InProgress",
     );
+    store
+        .complete(&k, t, Bytes::from_static(b"holder"), LONG)
+        .await
+        .unwrap();
+}
+
+/// A complete resent after it succeeded answers `Ok` and changes nothing: the first
+/// payload and its expiry stand, whatever the resend carries. Another token is still fenced.
+pub async fn complete_repeated_with_same_token_keeps_the_first_result(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("complete-repeated"), "k");
+    let t = acquire(&*store, &k, &fp(1), LONG).await;
+    // Long enough for the checks below on a busy machine, short enough to watch it end.
+    let ttl = SHORT * 4;
+    let completed_at = Instant::now();
+    store
+        .complete(&k, t, Bytes::from_static(b"first"), ttl)
+        .await
+        .unwrap();
+    store
+        .complete(&k, t, Bytes::from_static(b"first"), ttl)
+        .await
+        .expect("a repeated complete is answered like the first");
+    store
+        .complete(&k, t, Bytes::from_static(b"second"), LONG)
+        .await
+        .expect("a repeated complete is answered like the first");
     assert_eq!(
         completed_payload(&*store, &k).await,
         Bytes::from_static(b"first")
+    );
+    assert_fenced(
+        store
+            .complete(&k, Token(t.0 ^ 1), Bytes::from_static(b"other"), LONG)
+            .await,
+        "complete of a completed record with another token",
+    );
+    // The repeat with a long ttl did not extend the record: it ends with the first ttl.
+    tokio::time::sleep(
+        (completed_at + ttl + (PAST_SHORT - SHORT)).saturating_duration_since(Instant::now()),
+    )
+    .await;
+    assert!(
+        store.get(&k).await.unwrap().is_none(),
+        "a repeated complete changed the record's expiry"
+    );
+}
+
+/// An extend resent with the holder's token is answered `Ok` each time and sets the lease
+/// from now: repeats do not add up.
+pub async fn extend_repeated_with_same_token_is_ok(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("extend-repeated"), "k");
+    let t = acquire(&*store, &k, &fp(1), SHORT * 4).await;
+    for _ in 0..3 {
+        store
+            .extend(&k, t, LONG)
+            .await
+            .expect("a repeated extend by the holder");
+    }
+    match store.get(&k).await.unwrap() {
+        Some(Record::InProgress {
+            token,
+            lease_remaining,
+            ..
+        }) => {
+            assert_eq!(token, t);
+            assert!(
+                lease_remaining > LONG / 2 && lease_remaining <= LONG,
+                "three extends by {LONG:?} left {lease_remaining:?}"
+            );
+        }
+        other => panic!("expected the claim in progress, got {other:?}"),
+    }
+    store
+        .complete(&k, t, Bytes::from_static(b"ok"), LONG)
+        .await
+        .unwrap();
+}
+
+/// A release resent after it deleted the claim finds no record and answers `Ok`; once
+/// another caller holds the key, the same release is fenced and leaves that claim alone.
+pub async fn release_repeated_with_same_token_is_ok(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("release-repeated"), "k");
+    let t = acquire(&*store, &k, &fp(1), LONG).await;
+    store.release(&k, t).await.unwrap();
+    store
+        .release(&k, t)
+        .await
+        .expect("a repeated release finds nothing left to delete");
+    assert!(store.get(&k).await.unwrap().is_none());
+    let next = acquire(&*store, &k, &fp(1), LONG).await;
+    assert_fenced(
+        store.release(&k, t).await,
+        "a late release once another caller holds the key",
+    );
+    assert!(
+        matches!(store.get(&k).await.unwrap(), Some(Record::InProgress { token, .. }) if token == next)
     );
 }
 
@@ -427,7 +597,7 @@ pub async fn concurrent_claims_have_one_winner(store: Arc<dyn Store>) {
             let (store, k, barrier) = (store.clone(), k.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                store.claim(&k, &fp(1), LONG).await.unwrap()
+                claim_anew(&*store, &k, &fp(1), LONG).await.unwrap()
             })
         })
         .collect();
@@ -549,6 +719,24 @@ pub async fn special_character_keys_are_distinct(store: Arc<dyn Store>) {
     distinct_ids(&*store, &unique_scope("special"), &ids).await;
 }
 
+/// Ids holding NUL, every other C0 control character and DEL are keys like any other: each
+/// is stored and stays apart from the rest, `"a\0b"` from `"a%00b"` and `"a"` included (a
+/// store that escapes such bytes must not map two ids onto one record).
+pub async fn control_character_keys_are_distinct(store: Arc<dyn Store>) {
+    let mut ids: Vec<String> = [
+        "a\0b", "a%00b", "a", "a%", "a%25", "a%2500b", "\0", "\0\0", "%00", "%2500", "%",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    ids.extend(
+        (0x01u8..=0x1f)
+            .chain([0x7f])
+            .map(|c| format!("a{}b", char::from(c))),
+    );
+    distinct_ids(&*store, &unique_scope("control"), &ids).await;
+}
+
 /// Equal ids in two scopes are two keys.
 pub async fn scopes_keep_equal_ids_apart(store: Arc<dyn Store>) {
     let (a, b) = (unique_scope("scope-a"), unique_scope("scope-b"));
@@ -566,7 +754,7 @@ pub async fn scopes_keep_equal_ids_apart(store: Arc<dyn Store>) {
 pub async fn fingerprint_is_kept(store: Arc<dyn Store>) {
     let k = key(&unique_scope("fingerprint"), "k");
     let t = acquire(&*store, &k, &fp(7), LONG).await;
-    match store.claim(&k, &fp(8), LONG).await.unwrap() {
+    match claim_anew(&*store, &k, &fp(8), LONG).await.unwrap() {
         Claim::InProgress { fingerprint, .. } => assert_eq!(fingerprint, fp(7)),
         other => panic!("expected InProgress, got {other:?}"),
     }
@@ -574,7 +762,7 @@ pub async fn fingerprint_is_kept(store: Arc<dyn Store>) {
         .complete(&k, t, Bytes::from_static(b"x"), LONG)
         .await
         .unwrap();
-    match store.claim(&k, &fp(8), LONG).await.unwrap() {
+    match claim_anew(&*store, &k, &fp(8), LONG).await.unwrap() {
         Claim::Completed { fingerprint, .. } => assert_eq!(fingerprint, fp(7)),
         other => panic!("expected Completed, got {other:?}"),
     }
@@ -734,7 +922,11 @@ macro_rules! __conformance_behaviours {
             fencing_stale_token_cannot_extend,
             fencing_stale_token_cannot_release,
             fencing_unknown_token_is_refused,
-            complete_twice_is_fenced,
+            claim_repeated_with_same_token_is_acquired_again,
+            claim_with_another_token_while_held_is_in_progress,
+            complete_repeated_with_same_token_keeps_the_first_result,
+            extend_repeated_with_same_token_is_ok,
+            release_repeated_with_same_token_is_ok,
             release_after_complete_is_fenced,
             concurrent_claims_have_one_winner,
             empty_payload_round_trips,
@@ -743,6 +935,7 @@ macro_rules! __conformance_behaviours {
             unicode_keys_are_distinct,
             long_keys_are_distinct,
             special_character_keys_are_distinct,
+            control_character_keys_are_distinct,
             scopes_keep_equal_ids_apart,
             fingerprint_is_kept,
             wait_capability_is_honest,

@@ -35,7 +35,6 @@ struct Shared {
     records: DashMap<Key, State>,
     /// One `Notify` per key that has waiters; removed when the last waiter leaves.
     waiters: DashMap<Key, Arc<Notify>>,
-    next_token: AtomicU64,
     origin: Instant,
     /// Milliseconds after `origin` of the last sweep.
     last_sweep_ms: AtomicU64,
@@ -47,7 +46,6 @@ impl Default for Shared {
         Shared {
             records: DashMap::new(),
             waiters: DashMap::new(),
-            next_token: AtomicU64::new(1),
             origin: Instant::now(),
             last_sweep_ms: AtomicU64::new(0),
             sweep_every: DEFAULT_SWEEP_EVERY,
@@ -71,6 +69,8 @@ enum State {
     },
     Completed {
         fingerprint: Fingerprint,
+        /// The token that completed it, so that a repeated complete is recognised.
+        token: Token,
         payload: Bytes,
         expires_at: Instant,
     },
@@ -155,10 +155,6 @@ impl MemoryStore {
         }
     }
 
-    fn new_token(&self) -> Token {
-        Token(self.shared.next_token.fetch_add(1, Ordering::Relaxed))
-    }
-
     fn wake(&self, key: &Key) {
         if let Some(n) = self.shared.waiters.get(key) {
             n.notify_waiters();
@@ -167,15 +163,26 @@ impl MemoryStore {
 
     /// Applies `f` to the in-progress record held by `token` whose lease has not ended;
     /// `Fenced` otherwise. `f` returns the new state, or `None` to delete the record.
+    ///
+    /// A record that `token` already completed and that has not expired is left as it is
+    /// and answers `Ok` when `f` would complete it (`repeat_of_complete`): the repeat of a
+    /// complete that succeeded. Checked under the same entry lock, so a repeat racing its
+    /// original is told apart too.
     fn with_held(
         &self,
         key: &Key,
         token: Token,
+        repeat_of_complete: bool,
         f: impl FnOnce(&Fingerprint) -> Option<State>,
     ) -> Result<(), StoreError> {
         let now = Instant::now();
         match self.shared.records.entry(key.clone()) {
             Entry::Occupied(mut e) => match e.get() {
+                State::Completed {
+                    token: by,
+                    expires_at,
+                    ..
+                } if repeat_of_complete && *by == token && *expires_at > now => Ok(()),
                 State::InProgress {
                     token: held,
                     lease_until,
@@ -204,19 +211,19 @@ impl Store for MemoryStore {
         &self,
         key: &Key,
         fingerprint: &Fingerprint,
+        token: Token,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
         let now = Instant::now();
         self.maybe_sweep(now);
-        let held = |token| State::InProgress {
+        let held = State::InProgress {
             fingerprint: *fingerprint,
             token,
             lease_until: later(now, lease),
         };
         Ok(match self.shared.records.entry(key.clone()) {
             Entry::Vacant(v) => {
-                let token = self.new_token();
-                v.insert(held(token));
+                v.insert(held);
                 Claim::Acquired {
                     token,
                     recovered: false,
@@ -227,9 +234,19 @@ impl Store for MemoryStore {
                     fingerprint,
                     payload,
                     expires_at,
+                    ..
                 } if *expires_at > now => Claim::Completed {
                     fingerprint: *fingerprint,
                     payload: payload.clone(),
+                },
+                // The caller's own claim, resent: the same claim, left as it is.
+                State::InProgress {
+                    token: holder,
+                    lease_until,
+                    ..
+                } if *lease_until > now && *holder == token => Claim::Acquired {
+                    token,
+                    recovered: false,
                 },
                 State::InProgress {
                     fingerprint,
@@ -241,8 +258,7 @@ impl Store for MemoryStore {
                 },
                 ended => {
                     let recovered = matches!(ended, State::InProgress { .. });
-                    let token = self.new_token();
-                    e.insert(held(token));
+                    e.insert(held);
                     Claim::Acquired { token, recovered }
                 }
             },
@@ -257,9 +273,10 @@ impl Store for MemoryStore {
         ttl: Duration,
     ) -> Result<(), StoreError> {
         let expires_at = later(Instant::now(), ttl);
-        self.with_held(key, token, |fp| {
+        self.with_held(key, token, true, |fp| {
             Some(State::Completed {
                 fingerprint: *fp,
+                token,
                 payload,
                 expires_at,
             })
@@ -269,14 +286,20 @@ impl Store for MemoryStore {
     }
 
     async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError> {
-        self.with_held(key, token, |_| None)?;
-        self.wake(key);
-        Ok(())
+        match self.with_held(key, token, false, |_| None) {
+            // Nothing under the key: a repeat whose first release deleted the claim.
+            Err(StoreError::Fenced) if !self.shared.records.contains_key(key) => Ok(()),
+            Err(e) => Err(e),
+            Ok(()) => {
+                self.wake(key);
+                Ok(())
+            }
+        }
     }
 
     async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
         let lease_until = later(Instant::now(), lease);
-        self.with_held(key, token, |fp| {
+        self.with_held(key, token, false, |fp| {
             Some(State::InProgress {
                 fingerprint: *fp,
                 token,
@@ -304,6 +327,7 @@ impl Store for MemoryStore {
                 fingerprint,
                 payload,
                 expires_at,
+                ..
             } if expires_at > now => Some(Record::Completed {
                 fingerprint,
                 payload,
@@ -364,7 +388,12 @@ mod tests {
         for i in 0..1000 {
             let k = key(&format!("k{i}"));
             let Claim::Acquired { token, .. } = store
-                .claim(&k, &Fingerprint::NONE, Duration::from_secs(5))
+                .claim(
+                    &k,
+                    &Fingerprint::NONE,
+                    Token::random(),
+                    Duration::from_secs(5),
+                )
                 .await
                 .unwrap()
             else {
@@ -379,7 +408,12 @@ mod tests {
         tokio::time::advance(Duration::from_secs(61)).await;
         // One claim after the sweep interval sweeps everything that ended.
         store
-            .claim(&key("fresh"), &Fingerprint::NONE, Duration::from_secs(5))
+            .claim(
+                &key("fresh"),
+                &Fingerprint::NONE,
+                Token::random(),
+                Duration::from_secs(5),
+            )
             .await
             .unwrap();
         assert_eq!(store.len(), 1, "only the fresh claim is left");
@@ -392,7 +426,12 @@ mod tests {
         let long = key("long");
         for (k, ttl) in [(&short, 10), (&long, 100)] {
             let Claim::Acquired { token, .. } = store
-                .claim(k, &Fingerprint::NONE, Duration::from_secs(5))
+                .claim(
+                    k,
+                    &Fingerprint::NONE,
+                    Token::random(),
+                    Duration::from_secs(5),
+                )
                 .await
                 .unwrap()
             else {
@@ -414,7 +453,12 @@ mod tests {
         let store = MemoryStore::new();
         let k = key("w");
         store
-            .claim(&k, &Fingerprint::NONE, Duration::from_secs(5))
+            .claim(
+                &k,
+                &Fingerprint::NONE,
+                Token::random(),
+                Duration::from_secs(5),
+            )
             .await
             .unwrap();
         store.wait(&k, Duration::from_millis(10)).await.unwrap();

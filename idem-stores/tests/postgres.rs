@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem_core::testing::backend_url;
-use idem_core::{Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, StoreError};
+use idem_core::{
+    Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, StoreError, Token,
+};
 use idem_stores::PostgresStore;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -492,8 +494,10 @@ async fn a_junk_row_is_a_decode_error_naming_the_key() {
     }
 }
 
+/// Keys are bound, never spliced, and kept as they are but for `%` and NUL, which are
+/// percent-encoded (Postgres text cannot hold NUL): every key still reaches its own row.
 #[tokio::test]
-async fn keys_are_bound_parameters_stored_verbatim() {
+async fn keys_are_bound_parameters_stored_with_percent_and_nul_escaped() {
     let Some(store) = fresh().await else { return };
     let ids = [
         "it's".to_string(),
@@ -504,12 +508,20 @@ async fn keys_are_bound_parameters_stored_verbatim() {
         "'; DROP TABLE idem_records; --".into(),
         "$1".into(),
         "ünïcödé 🦀".into(),
+        "a\0b".into(),
+        "a%00b".into(),
+        "\0".into(),
         "k".repeat(1024),
     ];
     for id in &ids {
         let k = key(id);
         let Claim::Acquired { token, .. } = store
-            .claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+            .claim(
+                &k,
+                &Fingerprint::NONE,
+                Token::random(),
+                Duration::from_secs(30),
+            )
             .await
             .unwrap()
         else {
@@ -525,7 +537,10 @@ async fn keys_are_bound_parameters_stored_verbatim() {
             .fetch_all(store.pool())
             .await
             .unwrap();
-    let mut expected: Vec<String> = ids.iter().map(|id| key(id).as_str().to_owned()).collect();
+    let mut expected: Vec<String> = ids
+        .iter()
+        .map(|id| key(id).as_str().replace('%', "%25").replace('\0', "%00"))
+        .collect();
     expected.sort();
     assert_eq!(stored, expected);
     for id in &ids {
@@ -534,14 +549,14 @@ async fn keys_are_bound_parameters_stored_verbatim() {
             other => panic!("{id:?}: {other:?}"),
         }
     }
-    // Postgres text cannot hold NUL: an error, never a panic or another key's record.
-    let nul = key("a\0b");
-    assert!(matches!(
-        store
-            .claim(&nul, &Fingerprint::NONE, Duration::from_secs(1))
-            .await,
-        Err(StoreError::Backend { .. })
-    ));
+    for id in &ids {
+        assert!(store.delete(&key(id)).await.unwrap(), "{id:?}");
+    }
+    let left: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", store.table()))
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "delete reached every key's own row");
 }
 
 fn assert_store_error_with_source(err: &Error) {
@@ -657,7 +672,12 @@ async fn purge_expired_deletes_ended_records_in_batches() {
     for i in 0..25 {
         let k = key(&format!("short{i}"));
         let Claim::Acquired { token, .. } = store
-            .claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+            .claim(
+                &k,
+                &Fingerprint::NONE,
+                Token::random(),
+                Duration::from_secs(30),
+            )
             .await
             .unwrap()
         else {
@@ -673,6 +693,7 @@ async fn purge_expired_deletes_ended_records_in_batches() {
             .claim(
                 &key(&format!("ended-lease{i}")),
                 &Fingerprint::NONE,
+                Token::random(),
                 Duration::from_millis(50),
             )
             .await
@@ -681,6 +702,7 @@ async fn purge_expired_deletes_ended_records_in_batches() {
             .claim(
                 &key(&format!("live{i}")),
                 &Fingerprint::NONE,
+                Token::random(),
                 Duration::from_secs(30),
             )
             .await
@@ -697,31 +719,73 @@ async fn purge_expired_deletes_ended_records_in_batches() {
 }
 
 #[tokio::test]
-async fn a_takeover_is_marked_recovered_and_tokens_grow() {
+async fn a_takeover_is_marked_recovered_under_the_callers_token() {
     let Some(store) = fresh().await else { return };
     let k = key("recover");
-    let Claim::Acquired { token: first, .. } = store
-        .claim(&k, &Fingerprint::NONE, Duration::from_millis(50))
+    store
+        .claim(
+            &k,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_millis(50),
+        )
         .await
-        .unwrap()
-    else {
-        panic!()
-    };
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(150)).await;
+    let mine = Token::random();
     match store
-        .claim(&k, &Fingerprint::NONE, Duration::from_secs(5))
+        .claim(&k, &Fingerprint::NONE, mine, Duration::from_secs(5))
         .await
         .unwrap()
     {
         Claim::Acquired { token, recovered } => {
             assert!(recovered);
-            assert!(
-                token > first,
-                "tokens come from a sequence: {first:?} then {token:?}"
-            );
+            assert_eq!(token, mine, "the claim's token is the caller's");
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// Claims bring their own token, so `migrate` no longer creates a token sequence; one that
+/// an earlier build created is left alone, and the table works with or without it.
+#[tokio::test]
+async fn migrate_creates_no_token_sequence_and_leaves_an_old_one_alone() {
+    let Some(url) = url() else { return };
+    let store = fresh_on(&url, 2).await;
+    let sequence = format!("{}_token_seq", store.table());
+    let exists = |name: String| {
+        let pool = store.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, bool>("SELECT to_regclass($1) IS NOT NULL")
+                .bind(name)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(!exists(sequence.clone()).await, "migrate made {sequence}");
+
+    // A table from an earlier build: schema version 1 with its sequence.
+    let old = PostgresStore::new(pool(&url, 2).await)
+        .with_table(&format!("{}_old", store.table()))
+        .unwrap();
+    let old_sequence = format!("{}_token_seq", old.table());
+    sqlx::query(&format!("CREATE SEQUENCE {old_sequence}"))
+        .execute(old.pool())
+        .await
+        .unwrap();
+    old.migrate().await.unwrap();
+    old.migrate().await.unwrap();
+    assert!(
+        exists(old_sequence.clone()).await,
+        "{old_sequence} was dropped"
+    );
+    let idem = Idem::new(old);
+    let v: u8 = idem
+        .run(key("old-table"), Fingerprint::NONE, || async { 3 })
+        .await
+        .unwrap();
+    assert_eq!(v, 3);
 }
 
 #[tokio::test]
@@ -766,7 +830,12 @@ async fn a_replay_takes_no_row_lock_and_writes_nothing() {
     let Some(store) = fresh().await else { return };
     let k = key("replay-reads");
     let Claim::Acquired { token, .. } = store
-        .claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+        .claim(
+            &k,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(30),
+        )
         .await
         .unwrap()
     else {
@@ -778,7 +847,12 @@ async fn a_replay_takes_no_row_lock_and_writes_nothing() {
         .unwrap();
     let held = key("held-elsewhere");
     store
-        .claim(&held, &Fingerprint::NONE, Duration::from_secs(30))
+        .claim(
+            &held,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(30),
+        )
         .await
         .unwrap();
 
@@ -807,7 +881,12 @@ async fn a_replay_takes_no_row_lock_and_writes_nothing() {
     .unwrap();
     let replay = tokio::time::timeout(
         Duration::from_secs(3),
-        store.claim(&k, &Fingerprint::NONE, Duration::from_secs(30)),
+        store.claim(
+            &k,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(30),
+        ),
     )
     .await
     .expect("a replay waited for a row lock")
@@ -815,7 +894,12 @@ async fn a_replay_takes_no_row_lock_and_writes_nothing() {
     assert!(matches!(replay, Claim::Completed { .. }), "{replay:?}");
     let busy = tokio::time::timeout(
         Duration::from_secs(3),
-        store.claim(&held, &Fingerprint::NONE, Duration::from_secs(30)),
+        store.claim(
+            &held,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(30),
+        ),
     )
     .await
     .expect("an in-progress answer waited for a row lock")

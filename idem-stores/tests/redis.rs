@@ -20,7 +20,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_core::testing::{backend_url, unique_scope};
-use idem_core::{Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, StoreError};
+use idem_core::{
+    Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, StoreError, Token,
+};
 use idem_stores::redis::RedisStore;
 
 const URL_VAR: &str = "IDEM_TEST_REDIS_URL";
@@ -276,11 +278,83 @@ async fn scripts_load_again_after_the_server_forgets_them() {
     let k = key("noscript", "k");
     assert!(matches!(
         store
-            .claim(&k, &Fingerprint::NONE, Duration::from_secs(5))
+            .claim(
+                &k,
+                &Fingerprint::NONE,
+                Token::random(),
+                Duration::from_secs(5)
+            )
             .await
             .unwrap(),
         Claim::Acquired { .. }
     ));
+}
+
+/// The same claim request sent twice, as a client that retries after a lost reply (the
+/// cluster client does) sends it: one `EVALSHA` with the same key and the same packed
+/// argument, since the token is the caller's. Both answer Acquired; the second writes
+/// nothing (no `SET`). Sent concurrently, resends of one token all acquire, while claims
+/// with tokens of their own still have exactly one winner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_sent_twice_on_the_wire_is_acquired_both_times() {
+    let Some(server) = PrivateRedis::start(&[]) else {
+        return;
+    };
+    let store = RedisStore::open(&server.url()).await.unwrap();
+    let mut admin = admin(&server.url()).await;
+    let k = key("resent", "k");
+    let token = Token::random();
+    let lease = Duration::from_secs(30);
+    let fp = Fingerprint::of(&1u8);
+    for send in 1..=2 {
+        let before = command_calls(&mut admin).await;
+        match store.claim(&k, &fp, token, lease).await.unwrap() {
+            Claim::Acquired {
+                token: acquired,
+                recovered,
+            } => {
+                assert_eq!(acquired, token);
+                assert!(!recovered, "send {send}");
+            }
+            other => panic!("send {send} of the same claim: {other:?}"),
+        }
+        let d = delta(&before, &command_calls(&mut admin).await);
+        assert_eq!(d.get("evalsha"), Some(&1), "send {send}: {d:?}");
+        let writes = d.get("set").copied().unwrap_or(0);
+        assert_eq!(writes, u64::from(send == 1), "send {send}: {d:?}");
+    }
+    assert!(matches!(
+        store.get(&k).await.unwrap(),
+        Some(Record::InProgress { token: t, .. }) if t == token
+    ));
+
+    let (resent, raced) = (key("resent", "concurrent"), key("resent", "raced"));
+    let shared = Token::random();
+    let barrier = Arc::new(tokio::sync::Barrier::new(40));
+    let tasks: Vec<_> = (0..40)
+        .map(|i| {
+            let (store, barrier) = (store.clone(), barrier.clone());
+            let (k, t) = if i % 2 == 0 {
+                (resent.clone(), shared)
+            } else {
+                (raced.clone(), Token::random())
+            };
+            tokio::spawn(async move {
+                barrier.wait().await;
+                (i % 2, store.claim(&k, &fp, t, lease).await.unwrap())
+            })
+        })
+        .collect();
+    let mut acquired = [0, 0];
+    for task in tasks {
+        let (which, claim) = task.await.unwrap();
+        match claim {
+            Claim::Acquired { .. } => acquired[which] += 1,
+            Claim::InProgress { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(acquired, [20, 1], "[resends of one token, own tokens]");
 }
 
 // --- faults ---------------------------------------------------------------------------
@@ -459,7 +533,12 @@ async fn a_frozen_server_times_out_within_the_command_timeout() {
     server.signal("-STOP");
     let started = Instant::now();
     let res = store
-        .claim(&k, &Fingerprint::NONE, Duration::from_secs(5))
+        .claim(
+            &k,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(5),
+        )
         .await;
     let took = started.elapsed();
     server.signal("-CONT");
@@ -572,7 +651,12 @@ async fn a_takeover_after_an_ended_lease_is_reported_as_recovered() {
     };
     let k = key(&unique_scope("redis-recovered"), "k");
     let first = store
-        .claim(&k, &Fingerprint::NONE, Duration::from_millis(200))
+        .claim(
+            &k,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_millis(200),
+        )
         .await
         .unwrap();
     let Claim::Acquired {
@@ -588,7 +672,12 @@ async fn a_takeover_after_an_ended_lease_is_reported_as_recovered() {
         "an ended lease is not a live record"
     );
     match store
-        .claim(&k, &Fingerprint::NONE, Duration::from_secs(5))
+        .claim(
+            &k,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(5),
+        )
         .await
         .unwrap()
     {
@@ -606,13 +695,23 @@ async fn a_takeover_after_an_ended_lease_is_reported_as_recovered() {
         .unwrap();
     let k = key(&unique_scope("redis-forgetful"), "k");
     forgetful
-        .claim(&k, &Fingerprint::NONE, Duration::from_millis(100))
+        .claim(
+            &k,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_millis(100),
+        )
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(matches!(
         forgetful
-            .claim(&k, &Fingerprint::NONE, Duration::from_secs(5))
+            .claim(
+                &k,
+                &Fingerprint::NONE,
+                Token::random(),
+                Duration::from_secs(5)
+            )
             .await
             .unwrap(),
         Claim::Acquired {
@@ -747,7 +846,12 @@ async fn special_keys_stay_on_their_own_redis_keys() {
         );
         assert!(redis_keys.insert(rk.clone()), "two ids share {rk:?}");
         match store
-            .claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+            .claim(
+                &k,
+                &Fingerprint::NONE,
+                Token::random(),
+                Duration::from_secs(30),
+            )
             .await
             .unwrap()
         {
@@ -798,15 +902,25 @@ async fn prefixes_keep_stores_apart() {
     assert_eq!(a.prefix(), "idem-test-a:");
     let k = key(&unique_scope("redis-prefix"), "k");
     assert!(matches!(
-        a.claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
-            .await
-            .unwrap(),
+        a.claim(
+            &k,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(30)
+        )
+        .await
+        .unwrap(),
         Claim::Acquired { .. }
     ));
     assert!(matches!(
-        b.claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
-            .await
-            .unwrap(),
+        b.claim(
+            &k,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(30)
+        )
+        .await
+        .unwrap(),
         Claim::Acquired { .. }
     ));
     assert!(a.record_key(&k).starts_with("idem-test-a:"));
@@ -823,7 +937,12 @@ async fn connect_by_url_and_from_a_connection_manager() {
     let k = key(&unique_scope("redis-connect"), "k");
     assert!(matches!(
         by_url
-            .claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+            .claim(
+                &k,
+                &Fingerprint::NONE,
+                Token::random(),
+                Duration::from_secs(30)
+            )
             .await
             .unwrap(),
         Claim::Acquired { .. }
@@ -836,9 +955,14 @@ async fn connect_by_url_and_from_a_connection_manager() {
         .unwrap();
     let mine = RedisStore::from_connection_manager(manager).await;
     assert!(matches!(
-        mine.claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
-            .await
-            .unwrap(),
+        mine.claim(
+            &k,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(30)
+        )
+        .await
+        .unwrap(),
         Claim::InProgress { .. }
     ));
     assert!(format!("{mine:?}").contains("standalone"));

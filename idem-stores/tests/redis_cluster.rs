@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::testing::{backend_url, unique_scope};
-use idem_core::{Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store};
+use idem_core::{Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, Token};
 use idem_stores::redis::RedisStore;
 
 const CLUSTER_VAR: &str = "IDEM_TEST_REDIS_CLUSTER";
@@ -76,7 +76,12 @@ async fn cluster_url_connect_and_an_existing_connection() {
     let k = key(&unique_scope("cluster-connect"), "k");
     assert!(matches!(
         by_url
-            .claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+            .claim(
+                &k,
+                &Fingerprint::NONE,
+                Token::random(),
+                Duration::from_secs(30)
+            )
             .await
             .unwrap(),
         Claim::Acquired { .. }
@@ -84,9 +89,14 @@ async fn cluster_url_connect_and_an_existing_connection() {
     let mine = RedisStore::from_cluster_connection(cluster_connection(&spec).await).await;
     assert!(format!("{mine:?}").contains("cluster"));
     assert!(matches!(
-        mine.claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
-            .await
-            .unwrap(),
+        mine.claim(
+            &k,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(30)
+        )
+        .await
+        .unwrap(),
         Claim::InProgress { .. }
     ));
 }
@@ -113,7 +123,12 @@ async fn hash_tags_in_ids_do_not_pin_records_to_one_slot() {
             .unwrap();
         slots.insert(slot);
         let Claim::Acquired { token, .. } = store
-            .claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+            .claim(
+                &k,
+                &Fingerprint::NONE,
+                Token::random(),
+                Duration::from_secs(30),
+            )
             .await
             .unwrap()
         else {
@@ -189,6 +204,72 @@ async fn callers_on_several_cluster_connections_run_the_body_once() {
             "key {k}: the body ran more than once"
         );
     }
+}
+
+/// The same claim request sent twice through the cluster client (one `EVALSHA` with the
+/// same key and packed argument, as its own retry after a lost reply sends it) answers
+/// Acquired both times, on whichever node the key lives; resent concurrently too, while
+/// claims with tokens of their own still have exactly one winner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_sent_twice_on_the_wire_is_acquired_both_times() {
+    let Some(store) = cluster_store().await else {
+        return;
+    };
+    let scope = unique_scope("cluster-resent");
+    let lease = Duration::from_secs(30);
+    // Several keys, so that several nodes take part.
+    for i in 0..6 {
+        let k = key(&scope, &format!("k{i}"));
+        let token = Token::random();
+        for send in 1..=2 {
+            match store
+                .claim(&k, &Fingerprint::NONE, token, lease)
+                .await
+                .unwrap()
+            {
+                Claim::Acquired {
+                    token: acquired,
+                    recovered: false,
+                } => assert_eq!(acquired, token),
+                other => panic!("{k}: send {send} of the same claim: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            store.get(&k).await.unwrap(),
+            Some(Record::InProgress { token: t, .. }) if t == token
+        ));
+    }
+
+    let (resent, raced) = (key(&scope, "concurrent"), key(&scope, "raced"));
+    let shared = Token::random();
+    let barrier = Arc::new(tokio::sync::Barrier::new(40));
+    let tasks: Vec<_> = (0..40)
+        .map(|i| {
+            let (store, barrier) = (store.clone(), barrier.clone());
+            let (k, t) = if i % 2 == 0 {
+                (resent.clone(), shared)
+            } else {
+                (raced.clone(), Token::random())
+            };
+            tokio::spawn(async move {
+                barrier.wait().await;
+                (
+                    i % 2,
+                    store.claim(&k, &Fingerprint::NONE, t, lease).await.unwrap(),
+                )
+            })
+        })
+        .collect();
+    let mut acquired = [0, 0];
+    for task in tasks {
+        let (which, claim) = task.await.unwrap();
+        match claim {
+            Claim::Acquired { .. } => acquired[which] += 1,
+            Claim::InProgress { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(acquired, [20, 1], "[resends of one token, own tokens]");
 }
 
 /// Collects the text of every warning from every thread. It is the process's global

@@ -29,9 +29,10 @@ impl Store for InTempDir {
         &self,
         key: &Key,
         fp: &Fingerprint,
+        token: Token,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
-        self.store.claim(key, fp, lease).await
+        self.store.claim(key, fp, token, lease).await
     }
     async fn complete(
         &self,
@@ -397,7 +398,12 @@ async fn keys_are_bound_parameters_stored_verbatim() {
     for id in &ids {
         let k = key(id);
         let Claim::Acquired { token, .. } = s
-            .claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+            .claim(
+                &k,
+                &Fingerprint::NONE,
+                Token::random(),
+                Duration::from_secs(30),
+            )
             .await
             .unwrap()
         else {
@@ -456,7 +462,12 @@ async fn purge_expired_deletes_ended_records_in_batches() {
     for i in 0..25 {
         let k = key(&format!("short{i}"));
         let Claim::Acquired { token, .. } = s
-            .claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+            .claim(
+                &k,
+                &Fingerprint::NONE,
+                Token::random(),
+                Duration::from_secs(30),
+            )
             .await
             .unwrap()
         else {
@@ -470,6 +481,7 @@ async fn purge_expired_deletes_ended_records_in_batches() {
         s.claim(
             &key(&format!("ended-lease{i}")),
             &Fingerprint::NONE,
+            Token::random(),
             Duration::from_millis(50),
         )
         .await
@@ -477,6 +489,7 @@ async fn purge_expired_deletes_ended_records_in_batches() {
         s.claim(
             &key(&format!("live{i}")),
             &Fingerprint::NONE,
+            Token::random(),
             Duration::from_secs(30),
         )
         .await
@@ -496,14 +509,24 @@ async fn purge_expired_deletes_ended_records_in_batches() {
 async fn a_takeover_is_marked_recovered() {
     let s = fresh().await;
     let k = key("recover");
-    s.claim(&k, &Fingerprint::NONE, Duration::from_millis(50))
-        .await
-        .unwrap();
+    s.claim(
+        &k,
+        &Fingerprint::NONE,
+        Token::random(),
+        Duration::from_millis(50),
+    )
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert!(matches!(
-        s.claim(&k, &Fingerprint::NONE, Duration::from_secs(5))
-            .await
-            .unwrap(),
+        s.claim(
+            &k,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(5)
+        )
+        .await
+        .unwrap(),
         Claim::Acquired {
             recovered: true,
             ..
@@ -527,7 +550,12 @@ async fn a_replay_does_not_wait_for_a_writer() {
     let s = fresh().await;
     let k = key("replay-reads");
     let Claim::Acquired { token, .. } = s
-        .claim(&k, &Fingerprint::NONE, Duration::from_secs(30))
+        .claim(
+            &k,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(30),
+        )
         .await
         .unwrap()
     else {
@@ -546,7 +574,12 @@ async fn a_replay_does_not_wait_for_a_writer() {
     .unwrap();
     let replay = tokio::time::timeout(
         Duration::from_secs(2),
-        s.claim(&k, &Fingerprint::NONE, Duration::from_secs(30)),
+        s.claim(
+            &k,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(30),
+        ),
     )
     .await
     .expect("a replay waited for the writer")

@@ -58,7 +58,8 @@
 //! | 30..45  | in progress: lease deadline, ms since the Unix epoch on the server's clock, 15 ASCII digits |
 //! | 30..    | completed: the payload (the engine's record envelope), byte for byte   |
 //!
-//! A completed record keeps its token, so a second `complete` with that token is fenced.
+//! A completed record keeps its token, so that a `complete` resent with that token is
+//! recognised (answered like the first, the record untouched) and any other token fenced.
 //! A value under the prefix that does not have this header (written by something else, or
 //! a Redis hash, list, ...) is reported as [`StoreError::Corrupt`], which the engine turns
 //! into `Error::Decode` naming the key; it is never read as a result.
@@ -94,10 +95,7 @@ mod builder;
 mod record;
 mod scripts;
 
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -243,9 +241,9 @@ impl Store for RedisStore {
         &self,
         key: &Key,
         fingerprint: &Fingerprint,
+        token: Token,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
-        let token = new_token();
         let mut script = scripts::CLAIM.key(self.record_key(key));
         script.arg(&record::claim_request(token, fingerprint, lease, self.recovery_window)[..]);
         record::claim_reply(self.run(&script).await?, token)
@@ -333,39 +331,5 @@ fn store_error(e: RedisError, timeout: Duration) -> StoreError {
             backend: BACKEND,
             source,
         }
-    }
-}
-
-/// A fencing token no other claim of this process has had, and that another process
-/// repeats with odds of 2^-64: a SplitMix64 sequence (a bijection of a counter) from a
-/// per-process random start.
-fn new_token() -> Token {
-    const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
-    static STATE: LazyLock<AtomicU64> = LazyLock::new(|| {
-        let mut h = RandomState::new().build_hasher();
-        h.write_u32(std::process::id());
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        h.write_u128(nanos);
-        AtomicU64::new(h.finish())
-    });
-    let mut z = STATE
-        .fetch_add(GAMMA, Ordering::Relaxed)
-        .wrapping_add(GAMMA);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    Token(z ^ (z >> 31))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tokens_do_not_repeat() {
-        let tokens: std::collections::HashSet<_> = (0..100_000).map(|_| new_token()).collect();
-        assert_eq!(tokens.len(), 100_000);
     }
 }

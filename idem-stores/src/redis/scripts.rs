@@ -59,8 +59,10 @@ end
 /// The replay path is first and minimal: one `GET`, one byte compared, the value returned.
 /// A fresh key or an ended lease becomes `idem1P | token | fingerprint | deadline`, kept for
 /// the lease plus the recovery window so that a later claim can tell it took over an ended
-/// lease. Replies: the stored value (completed, or not an idem record), `{record, ms_left}`
-/// for a live claim, or the integer `0` (acquired) / `1` (acquired, taking over an ended
+/// lease. A live claim held by the request's own token is this claim resent (its reply was
+/// lost, or the client retried): it answers acquired again and writes nothing. Replies: the
+/// stored value (completed, or not an idem record), `{record, ms_left}` for another's live
+/// claim, or the integer `0` (acquired, or resent) / `1` (acquired, taking over an ended
 /// lease).
 const CLAIM_LUA: &str = r#"
 local v = redis.call('GET', KEYS[1])
@@ -72,7 +74,10 @@ if v then
   if not until_ms then return v end
   local t = redis.call('TIME')
   now = t[1] * 1000 + math.floor(t[2] / 1000)
-  if until_ms > now then return {v, until_ms - now} end
+  if until_ms > now then
+    if string.sub(v, 7, 14) == string.sub(ARGV[1], 1, 8) then return 0 end
+    return {v, until_ms - now}
+  end
 else
   local t = redis.call('TIME')
   now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -86,12 +91,16 @@ return 0
 "#;
 
 /// `complete(key; token, payload, ttl_ms)`: the held record becomes
-/// `idem1C | token | fingerprint | payload` for `ttl_ms`. Replies `1`, `0` (fenced) or `-1`
-/// (not an idem record).
+/// `idem1C | token | fingerprint | payload` for `ttl_ms`. A record that `token` already
+/// completed is this complete resent: `1`, and the record is left as it is. Replies `1`,
+/// `0` (fenced) or `-1` (not an idem record).
 const COMPLETE_LUA: &str = concat!(
     prelude!(),
     r#"
 local v = redis.call('GET', KEYS[1])
+if v and #v >= 30 and string.sub(v, 1, 6) == 'idem1C' and string.sub(v, 7, 14) == ARGV[1] then
+  return 1
+end
 local h = held(v, ARGV[1])
 if h ~= 1 then return h end
 redis.call('SET', KEYS[1], 'idem1C' .. string.sub(v, 7, 30) .. ARGV[2], 'PX', ARGV[3])
@@ -99,11 +108,14 @@ return 1
 "#
 );
 
-/// `release(key; token)`: deletes the held record. Replies like `complete`.
+/// `release(key; token)`: deletes the held record. Nothing under the key is a release
+/// resent after the first deleted it: `1`. Otherwise replies like `complete`.
 const RELEASE_LUA: &str = concat!(
     prelude!(),
     r#"
-local h = held(redis.call('GET', KEYS[1]), ARGV[1])
+local v = redis.call('GET', KEYS[1])
+if not v then return 1 end
+local h = held(v, ARGV[1])
 if h ~= 1 then return h end
 redis.call('DEL', KEYS[1])
 return 1

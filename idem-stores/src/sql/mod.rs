@@ -16,7 +16,7 @@ pub mod sqlite;
 /// The table a store uses unless told otherwise.
 pub const DEFAULT_TABLE: &str = "idem_records";
 
-/// Longest table name part: the store derives index, sequence and schema-version names from
+/// Longest table name part: the store derives index and schema-version names from
 /// it by appending up to 10 bytes, and Postgres cuts identifiers at 63.
 const MAX_IDENT_LEN: usize = 48;
 
@@ -203,7 +203,7 @@ impl LiveRow {
 
 /// How a database error is to be reported, as each backend classifies its codes.
 pub(crate) enum DbErrorKind {
-    /// The records table (or its sequence) does not exist.
+    /// The records table does not exist.
     MissingTable,
     /// The connection is gone or the server cannot take work now: temporary.
     Unavailable,

@@ -5,7 +5,11 @@
 //! no live record exists, so a replay is a plain indexed read: no row lock, no write, no WAL.
 //! When a concurrent claim commits the row after the statement's snapshot, the statement
 //! answers with no row; the store then runs it once more.
+//!
+//! Keys are stored through `stored_key`, which percent-encodes `%` and NUL: Postgres text
+//! cannot hold NUL, and every key `Key::new` accepts must work here.
 
+use std::borrow::Cow;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -124,8 +128,8 @@ impl PostgresStore {
         self.table.to_string()
     }
 
-    /// Creates the table, its index and its token sequence when they are missing, and
-    /// brings an older schema up to [`SCHEMA_VERSION`].
+    /// Creates the table and its index when they are missing, and brings an older schema up
+    /// to [`SCHEMA_VERSION`].
     ///
     /// Safe to run from several processes at once: one transaction under an advisory lock
     /// named after the table does the work, the others wait for it and then find nothing to
@@ -222,13 +226,14 @@ impl PostgresStore {
         sql: &str,
         key: &Key,
         token: Token,
-        arg: Option<Bind>,
+        arg: Bind,
     ) -> Result<(), StoreError> {
-        let mut q = sqlx::query(sql).bind(key.as_str()).bind(token_to_db(token));
+        let mut q = sqlx::query(sql)
+            .bind(stored_key(key))
+            .bind(token_to_db(token));
         match arg {
-            Some(Bind::Millis(ms)) => q = q.bind(ms),
-            Some(Bind::Payload(p, ms)) => q = q.bind(p.to_vec()).bind(ms),
-            None => {}
+            Bind::Millis(ms) => q = q.bind(ms),
+            Bind::Payload(p, ms) => q = q.bind(p.to_vec()).bind(ms),
         }
         let done = q.execute(&self.pool).await.map_err(|e| self.error(e))?;
         if done.rows_affected() == 1 {
@@ -248,7 +253,7 @@ fn classify(db: &dyn sqlx::error::DatabaseError) -> DbErrorKind {
     let code = db.code();
     let code = code.as_deref().unwrap_or("");
     match code {
-        // undefined_table: the table or its sequence.
+        // undefined_table.
         "42P01" => DbErrorKind::MissingTable,
         // admin_shutdown, crash_shutdown, cannot_connect_now, too_many_connections.
         "57P01" | "57P02" | "57P03" | "53300" => DbErrorKind::Unavailable,
@@ -279,8 +284,9 @@ fn migration_steps(table: &TableName) -> Vec<(i32, Vec<String>)> {
             ),
             // For purge_expired.
             format!("CREATE INDEX IF NOT EXISTS {} ON {t} (ends_at)", table.bare_with("_ends_at")),
-            // Fencing tokens: every claim takes the next number, so a token is never reused.
-            format!("CREATE SEQUENCE IF NOT EXISTS {}", table.quoted_with("_token_seq")),
+            // No token sequence: claims bring their own token (`Store::claim`). A table made
+            // by an earlier build of this step has an unused `<table>_token_seq`, left alone;
+            // the table itself is the same, so both are schema version 1.
             format!(
                 "COMMENT ON TABLE {t} IS 'idempotency records of idem: one row per key, an in-progress claim \
                  (completed = false, ends_at = lease end) or a stored result (ends_at = expiry)'"
@@ -293,6 +299,7 @@ fn migration_steps(table: &TableName) -> Vec<(i32, Vec<String>)> {
 struct Statements {
     claim: String,
     complete: String,
+    /// Answers whether the release deleted the held record or found no record at all.
     release: String,
     extend: String,
     get: String,
@@ -300,17 +307,42 @@ struct Statements {
     purge: String,
 }
 
-/// The claim statement: `$1` key, `$2` fingerprint, `$3` lease in milliseconds.
+/// The key column's value for `key`: `scope/id` with `%` written `%25` and NUL written
+/// `%00`.
+///
+/// Postgres text cannot hold NUL (`invalid byte sequence for encoding "UTF8": 0x00`), yet
+/// `Key::new` accepts it, so NUL is escaped; escaping the escape character as well keeps the
+/// mapping one-to-one, so `a\0b`, `a%00b` and `a` stay three keys. Nothing is decoded back:
+/// the column is only compared with values made here.
+fn stored_key(key: &Key) -> Cow<'_, str> {
+    let key = key.as_str();
+    if !key.contains(['%', '\0']) {
+        return Cow::Borrowed(key);
+    }
+    let mut out = String::with_capacity(key.len() + 8);
+    for c in key.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '\0' => out.push_str("%00"),
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// The claim statement: `$1` key, `$2` fingerprint, `$3` lease in milliseconds, `$4` the
+/// caller's token.
 ///
 /// `cur` reads the record (no lock). Only when it sees no live record does `taken` insert,
 /// or take over an ended record through `ON CONFLICT ... DO UPDATE ... WHERE <ended>`,
 /// which re-checks the end on the newest row version. The answer is one row: `state` 0 =
 /// acquired (`token`, `recovered`), 1 = in progress, 2 = completed (`payload`); or no row
-/// when a concurrent claim committed after this statement's snapshot.
+/// when a concurrent claim committed after this statement's snapshot. A live claim held by
+/// `$4` is this claim resent: state 0, not recovered, and nothing written.
 ///
 /// The new lease runs from `clock_timestamp()`, the time the row is written, so a statement
 /// that waited on a lock does not hand out a shorter lease; checks use `now()`.
-fn claim_sql(t: &str, seq: &str) -> String {
+fn claim_sql(t: &str) -> String {
     format!(
         "WITH cur AS (
             SELECT completed, fingerprint, token, payload, ends_at, ends_at > now() AS live
@@ -318,7 +350,7 @@ fn claim_sql(t: &str, seq: &str) -> String {
         ),
         taken AS (
             INSERT INTO {t} AS r (key, fingerprint, token, completed, payload, ends_at)
-            SELECT $1, $2, nextval('{seq}'), false, NULL, clock_timestamp() + $3 * interval '1 millisecond'
+            SELECT $1, $2, $4, false, NULL, clock_timestamp() + $3 * interval '1 millisecond'
             WHERE NOT EXISTS (SELECT 1 FROM cur WHERE live)
             ON CONFLICT (key) DO UPDATE
                 SET fingerprint = excluded.fingerprint, token = excluded.token, completed = false,
@@ -330,8 +362,8 @@ fn claim_sql(t: &str, seq: &str) -> String {
                0::int8 AS remaining_ms, EXISTS (SELECT 1 FROM cur WHERE NOT completed) AS recovered
         FROM taken
         UNION ALL
-        SELECT CASE WHEN completed THEN 2 ELSE 1 END::int2, token, fingerprint, payload,
-               {remaining}, false
+        SELECT CASE WHEN completed THEN 2 WHEN token = $4 THEN 0 ELSE 1 END::int2, token,
+               fingerprint, payload, {remaining}, false
         FROM cur WHERE live",
         remaining = REMAINING_MS,
     )
@@ -343,16 +375,26 @@ const REMAINING_MS: &str = "ceil(extract(epoch FROM ends_at - now()) * 1000)::in
 impl Statements {
     fn new(table: &TableName) -> Statements {
         let t = table.quoted();
-        let seq = table.quoted_with("_token_seq");
         // Only the holder of the current token, while its lease runs, may touch a claim.
         let held = "key = $1 AND token = $2 AND NOT completed AND ends_at > now()";
         Statements {
-            claim: claim_sql(&t, &seq),
+            claim: claim_sql(&t),
+            // Also matches the record this token completed (a repeat), which it rewrites
+            // with its own values: one statement, and a repeat that waited on the row lock
+            // of its original still finds the completed row.
             complete: format!(
-                "UPDATE {t} SET completed = true, payload = $3, ends_at = clock_timestamp() + $4 * interval '1 millisecond'
-                 WHERE {held}"
+                "UPDATE {t} SET completed = true,
+                    payload = CASE WHEN completed THEN payload ELSE $3 END,
+                    ends_at = CASE WHEN completed THEN ends_at
+                                   ELSE clock_timestamp() + $4 * interval '1 millisecond' END
+                 WHERE key = $1 AND token = $2 AND ends_at > now()"
             ),
-            release: format!("DELETE FROM {t} WHERE {held}"),
+            // The outer SELECT sees the row as it was before the DELETE (one snapshot), so
+            // "no row" means there was none to begin with: a repeat.
+            release: format!(
+                "WITH gone AS (DELETE FROM {t} WHERE {held} RETURNING 1)
+                 SELECT EXISTS (SELECT 1 FROM gone) OR NOT EXISTS (SELECT 1 FROM {t} WHERE key = $1)"
+            ),
             extend: format!(
                 "UPDATE {t} SET ends_at = clock_timestamp() + $3 * interval '1 millisecond' WHERE {held}"
             ),
@@ -386,13 +428,15 @@ impl Store for PostgresStore {
         &self,
         key: &Key,
         fingerprint: &Fingerprint,
+        token: Token,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
         for attempt in 1..=CLAIM_ATTEMPTS {
             let row = sqlx::query(&self.sql.claim)
-                .bind(key.as_str())
+                .bind(stored_key(key))
                 .bind(&fingerprint.as_bytes()[..])
                 .bind(millis(lease))
+                .bind(token_to_db(token))
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(|e| self.error(e))?;
@@ -435,28 +479,33 @@ impl Store for PostgresStore {
             &self.sql.complete,
             key,
             token,
-            Some(Bind::Payload(payload, millis(ttl))),
+            Bind::Payload(payload, millis(ttl)),
         )
         .await
     }
 
     async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError> {
-        self.guarded(&self.sql.release, key, token, None).await
+        let done: bool = sqlx::query_scalar(&self.sql.release)
+            .bind(stored_key(key))
+            .bind(token_to_db(token))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| self.error(e))?;
+        if done {
+            Ok(())
+        } else {
+            Err(StoreError::Fenced)
+        }
     }
 
     async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
-        self.guarded(
-            &self.sql.extend,
-            key,
-            token,
-            Some(Bind::Millis(millis(lease))),
-        )
-        .await
+        self.guarded(&self.sql.extend, key, token, Bind::Millis(millis(lease)))
+            .await
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         let row = sqlx::query(&self.sql.get)
-            .bind(key.as_str())
+            .bind(stored_key(key))
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| self.error(e))?;
@@ -471,10 +520,92 @@ impl Store for PostgresStore {
 
     async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
         let live: Option<bool> = sqlx::query_scalar(&self.sql.delete)
-            .bind(key.as_str())
+            .bind(stored_key(key))
             .fetch_optional(&self.pool)
             .await
             .map_err(|e| self.error(e))?;
         Ok(live.unwrap_or(false))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_keys_are_one_to_one_and_hold_no_nul() {
+        let ids = [
+            "a",
+            "a\0b",
+            "a%00b",
+            "a%2500b",
+            "a%b",
+            "a%25b",
+            "a%",
+            "a%25",
+            "%",
+            "%25",
+            "%2525",
+            "\0",
+            "\0\0",
+            "%00",
+            "%0000",
+            "%00%00",
+            "\0%",
+            "%\0",
+            "a\u{1}b",
+            "a\u{7f}b",
+            "日本\0語",
+        ];
+        let stored: Vec<String> = ids
+            .iter()
+            .map(|id| stored_key(&Key::new("s", id).unwrap()).into_owned())
+            .collect();
+        for (i, a) in stored.iter().enumerate() {
+            assert!(
+                !a.contains('\0'),
+                "{:?} is stored with a NUL: {a:?}",
+                ids[i]
+            );
+            for (j, b) in stored.iter().enumerate().skip(i + 1) {
+                assert_ne!(a, b, "{:?} and {:?} share a stored key", ids[i], ids[j]);
+            }
+        }
+        assert_eq!(stored[0], "s/a");
+        assert_eq!(stored[1], "s/a%00b");
+        assert_eq!(stored[2], "s/a%2500b");
+    }
+
+    #[test]
+    fn stored_keys_decode_back_to_the_key() {
+        // One-to-one for every id, not only those listed above: the encoding has an exact
+        // inverse (which the store never needs, since it only compares).
+        fn decode(s: &str) -> String {
+            let mut out = String::new();
+            let mut rest = s;
+            while let Some(i) = rest.find('%') {
+                out.push_str(&rest[..i]);
+                match &rest[i + 1..i + 3] {
+                    "25" => out.push('%'),
+                    "00" => out.push('\0'),
+                    other => panic!("unexpected escape %{other}"),
+                }
+                rest = &rest[i + 3..];
+            }
+            out.push_str(rest);
+            out
+        }
+        let mut id = String::new();
+        for c in "a%\0b%%00\0\u{1}%25é".chars().cycle().take(200) {
+            id.push(c);
+            let key = Key::new("scope", &id).unwrap();
+            assert_eq!(decode(&stored_key(&key)), key.as_str());
+        }
+    }
+
+    #[test]
+    fn plain_keys_are_stored_as_they_are() {
+        let key = Key::new("billing", "order-42 ünïcödé").unwrap();
+        assert!(matches!(stored_key(&key), Cow::Borrowed(s) if s == key.as_str()));
     }
 }

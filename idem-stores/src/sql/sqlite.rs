@@ -288,12 +288,15 @@ struct Statements {
     /// The record under `?1` with whether it is live: the first step of a claim, and all
     /// of a replay.
     read: String,
-    /// Inserts an in-progress record under `?1` (fingerprint `?2`, lease `?3` ms), or takes
-    /// over an ended one; answers the new token, or no row when a live record is there.
-    /// Tokens are 64 random bits (`random()`), so a token is never reused for a key.
+    /// Inserts an in-progress record under `?1` (fingerprint `?2`, lease `?3` ms, the
+    /// caller's token `?4`), or takes over an ended one; answers the token, or no row when
+    /// a live record is there.
     take: String,
     complete: String,
     release: String,
+    /// Whether anything lives under `?1`, ended or not: after a release that deleted
+    /// nothing, tells a repeat (no record) from a fenced release.
+    exists: String,
     extend: String,
     get: String,
     delete: String,
@@ -310,15 +313,23 @@ impl Statements {
             read: format!("SELECT {columns}, ends_at > {NOW_MS} AS live FROM {t} WHERE key = ?1"),
             take: format!(
                 "INSERT INTO {t} (key, fingerprint, token, completed, payload, ends_at)
-                 VALUES (?1, ?2, random(), 0, NULL, {NOW_MS} + ?3)
+                 VALUES (?1, ?2, ?4, 0, NULL, {NOW_MS} + ?3)
                  ON CONFLICT (key) DO UPDATE
                     SET fingerprint = excluded.fingerprint, token = excluded.token, completed = 0,
                         payload = NULL, ends_at = excluded.ends_at
                     WHERE {t}.ends_at <= {NOW_MS}
                  RETURNING token"
             ),
-            complete: format!("UPDATE {t} SET completed = 1, payload = ?3, ends_at = {NOW_MS} + ?4 WHERE {held}"),
+            // Also matches the record this token completed (a repeat), which it rewrites with
+            // its own values, so the repeat answers like the first and changes nothing.
+            complete: format!(
+                "UPDATE {t} SET completed = 1,
+                    payload = CASE WHEN completed = 1 THEN payload ELSE ?3 END,
+                    ends_at = CASE WHEN completed = 1 THEN ends_at ELSE {NOW_MS} + ?4 END
+                 WHERE key = ?1 AND token = ?2 AND ends_at > {NOW_MS}"
+            ),
             release: format!("DELETE FROM {t} WHERE {held}"),
+            exists: format!("SELECT EXISTS (SELECT 1 FROM {t} WHERE key = ?1)"),
             extend: format!("UPDATE {t} SET ends_at = {NOW_MS} + ?3 WHERE {held}"),
             get: format!("SELECT {columns} FROM {t} WHERE key = ?1 AND ends_at > {NOW_MS}"),
             delete: format!("DELETE FROM {t} WHERE key = ?1 RETURNING ends_at > {NOW_MS} AS live"),
@@ -345,6 +356,7 @@ impl Store for SqliteStore {
         &self,
         key: &Key,
         fingerprint: &Fingerprint,
+        token: Token,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
         for attempt in 1..=CLAIM_ATTEMPTS {
@@ -357,22 +369,30 @@ impl Store for SqliteStore {
             if let Some(row) = row {
                 let live: bool = row.try_get("live").map_err(|e| self.error(e))?;
                 let record = live_row(&row).map_err(|e| self.error(e))?;
+                if live && !record.completed && record.token == token_to_db(token) {
+                    // This claim, resent: the same claim, left as it is.
+                    return Ok(Claim::Acquired {
+                        token,
+                        recovered: false,
+                    });
+                }
                 if live {
                     return record.into_claim(BACKEND);
                 }
                 recovered = !record.completed;
             }
-            let token: Option<i64> = sqlx::query_scalar(&self.sql.take)
+            let taken: Option<i64> = sqlx::query_scalar(&self.sql.take)
                 .bind(key.as_str())
                 .bind(&fingerprint.as_bytes()[..])
                 .bind(millis(lease))
+                .bind(token_to_db(token))
                 .fetch_optional(&self.pool)
                 .await
                 .map_err(|e| self.error(e))?;
-            match token {
-                Some(token) => {
+            match taken {
+                Some(taken) => {
                     return Ok(Claim::Acquired {
-                        token: token_from_db(token),
+                        token: token_from_db(taken),
                         recovered,
                     })
                 }
@@ -406,7 +426,23 @@ impl Store for SqliteStore {
     }
 
     async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError> {
-        self.guarded(&self.sql.release, key, token, None).await
+        match self.guarded(&self.sql.release, key, token, None).await {
+            Err(StoreError::Fenced) => {
+                // A second statement only on this rare path; a record written in between
+                // belongs to another claim, which this release must not touch either way.
+                let exists: bool = sqlx::query_scalar(&self.sql.exists)
+                    .bind(key.as_str())
+                    .fetch_one(&self.pool)
+                    .await
+                    .map_err(|e| self.error(e))?;
+                if exists {
+                    Err(StoreError::Fenced)
+                } else {
+                    Ok(())
+                }
+            }
+            other => other,
+        }
     }
 
     async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
