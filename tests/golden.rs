@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use idem::{
     idempotent, BuiltinCodec, Bytes, Claim, Fingerprint, Idem, Key, MemoryStore, Record, Store,
+    Token,
 };
 use serde::{Deserialize, Serialize};
 
@@ -92,7 +93,12 @@ async fn stored_bytes(store: &dyn Store, key: &Key) -> Bytes {
 /// have left it.
 async fn plant(store: &dyn Store, key: &Key, bytes: Vec<u8>) {
     let token = match store
-        .claim(key, &Fingerprint::NONE, Duration::from_secs(30))
+        .claim(
+            key,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(30),
+        )
         .await
         .unwrap()
     {

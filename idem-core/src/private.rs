@@ -355,11 +355,7 @@ impl<T> ViaNoEq<T> for EqProbe<T> {
 }
 
 /// [`Call::run`] for a function that returns a value `T`.
-pub async fn run<T, C, F, Fut>(
-    call: Call<'_, C>,
-    eq: ValueEq<T>,
-    body: F,
-) -> Result<T, Error>
+pub async fn run<T, C, F, Fut>(call: Call<'_, C>, eq: ValueEq<T>, body: F) -> Result<T, Error>
 where
     T: CachedValue,
     C: Codec,
