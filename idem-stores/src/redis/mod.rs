@@ -76,7 +76,10 @@
 //!
 //! A server that cannot be reached, drops the connection or is loading is
 //! [`StoreError::Unavailable`] (temporary, with the client's error as its source); a
-//! command that does not answer within the command timeout is [`StoreError::Timeout`].
+//! command that does not answer within the command timeout is [`StoreError::Timeout`]
+//! naming the step, as is a step that outlasts the engine's step timeout.
+//! [`Store::backend`] is `"redis"`, or `"redis-cluster"` on a cluster, and so is the
+//! backend these errors name.
 //! The engine then fails closed: the body does not run without a claim. The connection
 //! reconnects on its own, so the same store works again once the server is back.
 //!
