@@ -56,7 +56,8 @@ pub use idem_core::{async_trait, digest_hex, Bytes};
 pub use idem_core::{
     codec, BoxError, BuiltinCodec, Call, Capabilities, Claim, Codec, DecodeError, Error,
     Fingerprint, Idem, IdemBuilder, InProgress, Json, Key, MissingKey, ReadableKeyId, Record,
-    Store, StoreError, Token, DEFAULT_LEASE, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
+    Store, StoreError, Token, DEFAULT_LEASE, DEFAULT_STEP_TIMEOUT, DEFAULT_TTL,
+    DEFAULT_WAIT_TIMEOUT,
 };
 pub use idem_stores::MemoryStore;
 

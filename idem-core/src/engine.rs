@@ -24,6 +24,9 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// The default longest wait for a concurrent duplicate in `InProgress::Wait` mode.
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default longest wait for one store step (claim, complete, extend, release, get,
+/// delete), the store's wait for a free connection included.
+pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The shortest ttl or lease accepted: stores keep time in milliseconds.
 const MIN_DURATION: Duration = Duration::from_millis(1);
@@ -33,8 +36,11 @@ pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60)
 /// Longest pause between two claims of a waiting caller on a store that does not wake waiters.
 const MAX_POLL: Duration = Duration::from_millis(250);
 const FIRST_POLL: Duration = Duration::from_millis(5);
-/// Attempts to store a result before the caller sees `Error::Store`.
-const COMPLETE_ATTEMPTS: u32 = 3;
+/// The first pause between two attempts to store a result; it doubles up to
+/// `MAX_COMPLETE_BACKOFF`. Attempts go on while the lease runs: past it, the result could
+/// no longer be stored anyway.
+const FIRST_COMPLETE_BACKOFF: Duration = Duration::from_millis(20);
+const MAX_COMPLETE_BACKOFF: Duration = Duration::from_millis(500);
 
 /// What a call does when another call holds its key and is still running.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -73,6 +79,7 @@ struct Inner {
     lease: Duration,
     in_progress: InProgress,
     wait_timeout: Duration,
+    step_timeout: Duration,
     cache: Option<LocalCache>,
 }
 
@@ -85,6 +92,7 @@ impl std::fmt::Debug for Idem {
             .field("lease", &self.inner.lease)
             .field("in_progress", &self.inner.in_progress)
             .field("wait_timeout", &self.inner.wait_timeout)
+            .field("step_timeout", &self.inner.step_timeout)
             .field("local_cache", &self.inner.cache.is_some())
             .finish()
     }
@@ -100,6 +108,7 @@ pub struct IdemBuilder {
     lease: Option<Duration>,
     in_progress: InProgress,
     wait_timeout: Option<Duration>,
+    step_timeout: Option<Duration>,
     local_cache: Option<(usize, Duration)>,
 }
 
@@ -147,6 +156,19 @@ impl IdemBuilder {
         self
     }
 
+    /// The longest wait for one store step (default 5 seconds): a claim, a complete, an
+    /// extend, a release (also the background release of a dropped call), the delete of
+    /// [`Idem::forget`], and the get that checks a complete whose answer was lost; a
+    /// waiting duplicate's [`Store::wait`] gets its pause plus this. A step that runs out
+    /// of time is abandoned and answers
+    /// [`StoreError::Timeout`] naming the step and the backend, a temporary failure. The
+    /// heartbeat tries again at its next beat; a complete is tried again while the lease
+    /// runs. Keep the store's own timeouts (pool acquire, connect, command) at or below it.
+    pub fn step_timeout(mut self, timeout: Duration) -> Self {
+        self.step_timeout = Some(timeout);
+        self
+    }
+
     /// Keeps up to `capacity` completed results in process memory for at most `max_age`,
     /// so that replays of hot keys skip the store. A record deleted from the store through
     /// another process, or expired there, may still be replayed from here until `max_age`
@@ -156,7 +178,8 @@ impl IdemBuilder {
         self
     }
 
-    /// Builds the engine. Fails when no store was given or a duration is zero.
+    /// Builds the engine. Fails when no store was given or a duration is zero (or over 100
+    /// years).
     pub fn build(self) -> Result<Idem, Error> {
         let store = self.store.ok_or_else(|| Error::Connect {
             message: "Idem::builder() needs a store: call .store(...) before .build()".into(),
@@ -165,10 +188,12 @@ impl IdemBuilder {
         let ttl = self.ttl.unwrap_or(DEFAULT_TTL);
         let lease = self.lease.unwrap_or(DEFAULT_LEASE);
         let wait_timeout = self.wait_timeout.unwrap_or(DEFAULT_WAIT_TIMEOUT);
+        let step_timeout = self.step_timeout.unwrap_or(DEFAULT_STEP_TIMEOUT);
         for (name, d) in [
             ("ttl", ttl),
             ("lease", lease),
             ("wait_timeout", wait_timeout),
+            ("step_timeout", step_timeout),
         ] {
             if let Err(reason) = check_duration(d) {
                 return Err(Error::Connect {
@@ -185,6 +210,7 @@ impl IdemBuilder {
                 lease,
                 in_progress: self.in_progress,
                 wait_timeout,
+                step_timeout,
                 cache: self
                     .local_cache
                     .filter(|(capacity, _)| *capacity > 0)
@@ -221,6 +247,11 @@ impl Idem {
     /// The default lease.
     pub fn lease(&self) -> Duration {
         self.inner.lease
+    }
+
+    /// The longest wait for one store step.
+    pub fn step_timeout(&self) -> Duration {
+        self.inner.step_timeout
     }
 
     /// Starts a call under `key`, whose options can then be set one by one.
@@ -267,9 +298,8 @@ impl Idem {
         if let Some(cache) = &self.inner.cache {
             cache.remove(key);
         }
-        self.inner
-            .store
-            .delete(key)
+        let store = &*self.inner.store;
+        step(store, "delete", self.inner.step_timeout, store.delete(key))
             .await
             .map_err(|source| Error::Store {
                 key: key.clone(),
@@ -497,16 +527,24 @@ impl<'a, C: Codec> Call<'a, C> {
             return decode(codec, &policy, version, key, &hit.payload);
         }
 
+        let step_timeout = inner.step_timeout;
         let started = Instant::now();
         let mut poll = FIRST_POLL;
         // One token for the whole call: a claim the store answered but whose reply was lost
         // and that is sent again (by a retrying client) is then recognised as this call's.
         let ours = Token::random();
-        let token = loop {
-            let claim = store
-                .claim(&key, &fp, ours, lease)
-                .await
-                .map_err(|source| store_error(&key, source))?;
+        let (token, leased_at) = loop {
+            // Taken before the claim is sent, so that the lease the store grants never ends
+            // before this instant plus `lease`.
+            let sent_at = Instant::now();
+            let claim = step(
+                store,
+                "claim",
+                step_timeout,
+                store.claim(&key, &fp, ours, lease),
+            )
+            .await
+            .map_err(|source| store_error(&key, source))?;
             match claim {
                 Claim::Acquired { token, recovered } => {
                     if recovered {
@@ -515,7 +553,7 @@ impl<'a, C: Codec> Call<'a, C> {
                     } else {
                         tracing::debug!(target: "idem", key = %key, token = %token, "claimed");
                     }
-                    break token;
+                    break (token, sent_at);
                 }
                 Claim::Completed {
                     fingerprint,
@@ -545,16 +583,17 @@ impl<'a, C: Codec> Call<'a, C> {
                         return Err(Error::WaitTimeout { key, waited });
                     }
                     let left = wait_timeout - waited;
-                    let step = if store.capabilities().wakes_waiters {
+                    let pause = if store.capabilities().wakes_waiters {
                         // Woken on change; the lease end is the latest useful look.
                         retry_after.max(MIN_DURATION).min(left)
                     } else {
                         poll.min(retry_after.max(MIN_DURATION)).min(left)
                     };
                     poll = (poll * 2).min(MAX_POLL);
-                    tracing::trace!(target: "idem", key = %key, ?step, "waiting for the holder");
-                    store
-                        .wait(&key, step)
+                    tracing::trace!(target: "idem", key = %key, ?pause, "waiting for the holder");
+                    // The store's wait is told to return within `pause`; the step timeout
+                    // on top bounds one that does not.
+                    step(store, "wait", pause + step_timeout, store.wait(&key, pause))
                         .await
                         .map_err(|source| store_error(&key, source))?;
                 }
@@ -565,10 +604,12 @@ impl<'a, C: Codec> Call<'a, C> {
         // panic in the body) releases the claim in the background.
         let mut guard = ReleaseGuard {
             store: inner.store.clone(),
+            step_timeout,
             key: key.clone(),
             token: Some(token),
         };
-        let (out, lease_lost) = with_heartbeat(store, &key, token, lease, body()).await;
+        let beat = with_heartbeat(store, step_timeout, &key, token, lease, leased_at, body()).await;
+        let (out, lease_lost, leased_at) = (beat.out, beat.lost, beat.leased_at);
 
         let sealed = match &out {
             Ok(value) => envelope::seal(codec, Kind::Value, version, value),
@@ -614,30 +655,16 @@ impl<'a, C: Codec> Call<'a, C> {
         if lease_lost {
             return Err(Error::LeaseLost { key });
         }
-        let mut attempt = 1;
-        loop {
-            match store.complete(&key, token, sealed.clone(), ttl).await {
-                Ok(()) => break,
-                Err(StoreError::Fenced) => {
-                    // Not a lost answer of an earlier attempt: a repeated complete with our
-                    // token is answered Ok by the store. Another claim holds the key.
-                    tracing::warn!(target: "idem", key = %key, token = %token,
-                        "lease lost before the result was stored");
-                    return Err(Error::LeaseLost { key });
-                }
-                Err(e) if e.is_temporary() && attempt < COMPLETE_ATTEMPTS => {
-                    tracing::warn!(target: "idem", key = %key, attempt, error = %e,
-                        "storing the result failed; retrying");
-                    tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt))).await;
-                    attempt += 1;
-                }
-                Err(source) => {
-                    // The body ran but its result is not stored. Releasing would invite a
-                    // second run at once; the lease ends on its own instead.
-                    return Err(store_error(&key, source));
-                }
-            }
-        }
+        store_result(
+            store,
+            step_timeout,
+            &key,
+            token,
+            &sealed,
+            ttl,
+            leased_at + lease,
+        )
+        .await?;
         tracing::debug!(target: "idem", key = %key, token = %token, "completed");
         if let Some(cache) = &inner.cache {
             cache.insert(key, fp, sealed, ttl);
@@ -668,6 +695,89 @@ fn store_error(key: &Key, source: StoreError) -> Error {
             key: key.clone(),
             source,
         },
+    }
+}
+
+/// Runs one store step under `limit`: every store call of the engine goes through here, so
+/// that an outage, a lost connection or a lock held elsewhere costs a caller at most this
+/// long per step, and the error says which step of which backend ran out of time.
+async fn step<T>(
+    store: &dyn Store,
+    name: &'static str,
+    limit: Duration,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(res) => res,
+        Err(_) => Err(StoreError::Timeout {
+            backend: store.backend(),
+            step: name,
+            after: limit,
+        }),
+    }
+}
+
+/// Stores the sealed result: each attempt bounded by the step timeout, temporary failures
+/// tried again with short backoff until `lease_ends` (the end of the lease as this process
+/// last secured it). Past that, another caller may hold the key, and the store fences a late
+/// attempt anyway; the caller then sees `Error::Store` and the record stays unfinished until
+/// its lease ends. The first attempt is always made, since an extend whose answer was lost
+/// may have kept the lease alive.
+async fn store_result(
+    store: &dyn Store,
+    step_timeout: Duration,
+    key: &Key,
+    token: Token,
+    sealed: &Bytes,
+    ttl: Duration,
+    lease_ends: Instant,
+) -> Result<(), Error> {
+    let mut attempt = 1u32;
+    let mut backoff = FIRST_COMPLETE_BACKOFF;
+    loop {
+        let left = lease_ends.saturating_duration_since(Instant::now());
+        let limit = if attempt == 1 && left.is_zero() {
+            step_timeout
+        } else {
+            step_timeout.min(left)
+        };
+        let res = step(
+            store,
+            "complete",
+            limit,
+            store.complete(key, token, sealed.clone(), ttl),
+        )
+        .await;
+        match res {
+            Ok(()) => return Ok(()),
+            Err(StoreError::Fenced) => {
+                // Not a lost answer of an earlier attempt: a complete repeated with our
+                // token is answered Ok by the store. Another claim holds the key.
+                tracing::warn!(target: "idem", key = %key, token = %token,
+                    "lease lost before the result was stored");
+                return Err(Error::LeaseLost { key: key.clone() });
+            }
+            Err(e) if e.is_temporary() => {
+                let left = lease_ends.saturating_duration_since(Instant::now());
+                if left <= backoff {
+                    // No time for another attempt within the lease. Releasing would invite
+                    // a second run at once; the lease ends on its own instead.
+                    tracing::warn!(target: "idem", key = %key, token = %token, attempt, error = %e,
+                        "the result could not be stored within the lease; the claim ends with its lease");
+                    return Err(store_error(key, e));
+                }
+                tracing::warn!(target: "idem", key = %key, attempt, error = %e,
+                    "storing the result failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_COMPLETE_BACKOFF);
+                attempt += 1;
+            }
+            Err(source) => {
+                // The body ran but its result is not stored. Releasing would invite a
+                // second run at once; the lease ends on its own instead.
+                return Err(store_error(key, source));
+            }
+        }
     }
 }
 
@@ -762,6 +872,7 @@ impl<E: Serialize + DeserializeOwned, P: Fn(&E) -> bool> ErrorPolicy<E> for Cach
 /// the body, or the caller dropping the future.
 struct ReleaseGuard {
     store: Arc<dyn Store>,
+    step_timeout: Duration,
     key: Key,
     token: Option<Token>,
 }
@@ -775,7 +886,14 @@ impl ReleaseGuard {
         // The token is cleared only once the release has answered: dropped mid-way, the
         // guard still releases in the background.
         if let Some(token) = self.token {
-            let res = self.store.release(&self.key, token).await;
+            let store = &*self.store;
+            let res = step(
+                store,
+                "release",
+                self.step_timeout,
+                store.release(&self.key, token),
+            )
+            .await;
             self.token = None;
             match res {
                 Ok(()) => {
@@ -795,11 +913,12 @@ impl Drop for ReleaseGuard {
         let Some(token) = self.token.take() else {
             return;
         };
-        let (store, key) = (self.store.clone(), self.key.clone());
+        let (store, key, limit) = (self.store.clone(), self.key.clone(), self.step_timeout);
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 handle.spawn(async move {
-                    match store.release(&key, token).await {
+                    let store = &*store;
+                    match step(store, "release", limit, store.release(&key, token)).await {
                         Ok(()) => tracing::debug!(target: "idem", key = %key, token = %token,
                             "released after the call was dropped or panicked"),
                         Err(e) => {
@@ -817,29 +936,46 @@ impl Drop for ReleaseGuard {
 
 type Extending<'s> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 's>>;
 
-/// Polls `body` to completion while extending the lease every third of its length.
-/// Returns the body's output and whether the lease was lost on the way.
+/// What the heartbeat hands back with the body's output.
+struct Beat<O> {
+    out: O,
+    /// The store fenced an extend: another caller took the key over.
+    lost: bool,
+    /// When the lease last secured began, at the latest: the start of the last extend that
+    /// succeeded, or the claim's.
+    leased_at: Instant,
+}
+
+/// Polls `body` to completion while extending the lease every third of its length. Each
+/// extend is bounded by the step timeout: one that hangs is abandoned, and the next beat
+/// tries again, so one stuck connection does not stop the heartbeat.
 async fn with_heartbeat<O>(
     store: &dyn Store,
+    step_timeout: Duration,
     key: &Key,
     token: Token,
     lease: Duration,
+    leased_at: Instant,
     body: impl Future<Output = O>,
-) -> (O, bool) {
+) -> Beat<O> {
     let period = (lease / 3).max(MIN_DURATION);
     let mut body = pin!(body);
     let mut ticker = tokio::time::interval_at(Instant::now() + period, period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut extending: Option<Extending<'_>> = None;
+    let mut extending: Option<(Instant, Extending<'_>)> = None;
     let mut lost = false;
+    let mut leased_at = leased_at;
     loop {
         tokio::select! {
             biased;
-            out = &mut body => return (out, lost),
-            res = async { extending.as_mut().expect("guarded by is_some").await }, if extending.is_some() => {
-                extending = None;
+            out = &mut body => return Beat { out, lost, leased_at },
+            res = async { extending.as_mut().expect("guarded by is_some").1.as_mut().await }, if extending.is_some() => {
+                let (sent_at, _) = extending.take().expect("guarded by is_some");
                 match res {
-                    Ok(()) => tracing::trace!(target: "idem", key = %key, "lease extended"),
+                    Ok(()) => {
+                        leased_at = sent_at;
+                        tracing::trace!(target: "idem", key = %key, "lease extended");
+                    }
                     Err(StoreError::Fenced) => {
                         lost = true;
                         tracing::warn!(target: "idem", key = %key, token = %token,
@@ -850,7 +986,8 @@ async fn with_heartbeat<O>(
                 }
             }
             _ = ticker.tick(), if extending.is_none() && !lost => {
-                extending = Some(store.extend(key, token, lease));
+                let sent_at = Instant::now();
+                extending = Some((sent_at, Box::pin(step(store, "extend", step_timeout, store.extend(key, token, lease)))));
             }
         }
     }

@@ -199,12 +199,15 @@ pub enum StoreError {
         #[source]
         source: BoxError,
     },
-    /// A command did not answer in time. Temporary.
-    #[error("the {backend} store did not answer within {after:?}")]
+    /// A store step did not answer in time. Temporary.
+    #[error("the {backend} store did not answer the {step} step within {after:?}")]
     Timeout {
-        /// Which backend.
+        /// Which backend ([`Store::backend`](crate::Store::backend)).
         backend: &'static str,
-        /// The time limit that ran out.
+        /// Which step: `"claim"`, `"complete"`, `"extend"`, `"release"`, `"get"`,
+        /// `"delete"` or `"wait"`.
+        step: &'static str,
+        /// How long the step was waited for.
         after: Duration,
     },
     /// The store answered with an error.

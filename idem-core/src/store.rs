@@ -253,6 +253,13 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn capabilities(&self) -> Capabilities {
         Capabilities::NONE
     }
+
+    /// The backend's name, as errors and logs show it: `"memory"`, `"sqlite"`,
+    /// `"postgres"`, `"redis"`, `"redis-cluster"`; `"custom"` unless a store says otherwise.
+    /// The engine names it in the [`StoreError::Timeout`] of a step that ran out of time.
+    fn backend(&self) -> &'static str {
+        "custom"
+    }
 }
 
 macro_rules! forward_store {
@@ -282,6 +289,9 @@ macro_rules! forward_store {
             }
             fn capabilities(&self) -> Capabilities {
                 (**self).capabilities()
+            }
+            fn backend(&self) -> &'static str {
+                (**self).backend()
             }
         }
     )*};

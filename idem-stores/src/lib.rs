@@ -27,7 +27,7 @@ pub use memory::MemoryStore;
 pub use redis::RedisStore;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use sql::postgres::PostgresStore;
+pub use sql::postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub use sql::sqlite::SqliteStore;
+pub use sql::sqlite::{SqliteStore, SqliteStoreBuilder};

@@ -372,6 +372,10 @@ impl Store for MemoryStore {
     fn capabilities(&self) -> Capabilities {
         Capabilities::NONE.with_wakes_waiters(true)
     }
+
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
 }
 
 #[cfg(test)]

@@ -913,3 +913,83 @@ async fn a_replay_takes_no_row_lock_and_writes_nothing() {
         "a replay rewrote the row"
     );
 }
+
+// ---- outages: every step bounded, through a proxy that black-holes or cuts -----------------
+
+mod support;
+
+/// A migrated table reached two ways: through a proxy of the test's own, and directly.
+async fn behind_proxy(url: &str) -> (support::TcpProxy, Arc<dyn Store>, Arc<dyn Store>) {
+    let options = PgConnectOptions::from_str(url).unwrap();
+    let upstream = tokio::net::lookup_host((options.get_host(), options.get_port()))
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = support::TcpProxy::start(upstream).await;
+    let direct = fresh_on(url, 4).await;
+    let proxied = PostgresStore::connect(&through(url, proxy.port()))
+        .await
+        .unwrap()
+        .with_table(&direct.table())
+        .unwrap();
+    (proxy, Arc::new(proxied), Arc::new(direct))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn black_holed_claim_answers_within_the_step_timeout() {
+    let Some(url) = url() else { return };
+    let (proxy, store, _) = behind_proxy(&url).await;
+    support::claim_when_black_holed(store, &proxy, key("bh-claim")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn black_holed_release_answers_within_the_step_timeout() {
+    let Some(url) = url() else { return };
+    let (proxy, store, _) = behind_proxy(&url).await;
+    support::release_when_black_holed(store, &proxy, key("bh-release")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn black_holed_extends_and_complete_answer_within_the_step_timeout() {
+    let Some(url) = url() else { return };
+    let (proxy, store, _) = behind_proxy(&url).await;
+    support::extend_and_complete_when_black_holed(store, &proxy, key("bh-extend")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_complete_black_holed_after_the_body_never_runs_it_twice_within_the_lease() {
+    let Some(url) = url() else { return };
+    let (proxy, store, direct) = behind_proxy(&url).await;
+    support::complete_black_holed_after_the_body(store, direct, &proxy, key("bh-complete")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_connections_fail_fast_and_the_pool_recovers() {
+    let Some(url) = url() else { return };
+    let (proxy, store, _) = behind_proxy(&url).await;
+    support::cut_connections_recover(store, &proxy, "postgres-cut").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_through_a_black_hole_ends_at_the_connect_timeout() {
+    let Some(url) = url() else { return };
+    let options = PgConnectOptions::from_str(&url).unwrap();
+    let upstream = tokio::net::lookup_host((options.get_host(), options.get_port()))
+        .await
+        .unwrap()
+        .next()
+        .unwrap();
+    let proxy = support::TcpProxy::start(upstream).await;
+    proxy.black_hole();
+    let timeout = Duration::from_millis(300);
+    let started = std::time::Instant::now();
+    let err = PostgresStore::builder()
+        .connect_timeout(timeout)
+        .connect(&through(&url, proxy.port()))
+        .await
+        .unwrap_err();
+    support::assert_within("postgres connect", started.elapsed(), timeout);
+    assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+    assert!(err.to_string().contains("within"), "{err}");
+}

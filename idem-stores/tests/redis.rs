@@ -1090,3 +1090,102 @@ async fn evicting_servers_are_warned_about_at_connect() {
     let seen = warnings_on_connect(&safe).await;
     assert!(seen.is_empty(), "noeviction is safe, yet: {seen:?}");
 }
+
+// --- outages: every step bounded, through a proxy that black-holes or cuts ---------------
+
+mod support;
+
+/// The server's address in a `redis://` URL, and the URL with the proxy's port instead.
+fn via_proxy(url: &str, port: u16) -> (std::net::SocketAddr, String) {
+    use std::net::ToSocketAddrs;
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (auth, rest) = match rest.rsplit_once('@') {
+        Some((auth, rest)) => (format!("{auth}@"), rest),
+        None => (String::new(), rest),
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (host, path) = rest.split_at(end);
+    let host = if host.contains(':') {
+        host.to_string()
+    } else {
+        format!("{host}:6379")
+    };
+    let addr = host.to_socket_addrs().unwrap().next().unwrap();
+    (addr, format!("{scheme}://{auth}127.0.0.1:{port}{path}"))
+}
+
+/// A store on the shared test server through a proxy of the test's own, and one straight.
+async fn behind_proxy() -> Option<(support::TcpProxy, Arc<dyn Store>, Arc<dyn Store>)> {
+    let url = backend_url(URL_VAR)?;
+    let (upstream, _) = via_proxy(&url, 0);
+    let proxy = support::TcpProxy::start(upstream).await;
+    let (_, through) = via_proxy(&url, proxy.port());
+    let proxied = RedisStore::open(&through).await.unwrap();
+    let direct = RedisStore::open(&url).await.unwrap();
+    Some((proxy, Arc::new(proxied), Arc::new(direct)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn black_holed_claim_answers_within_the_step_timeout() {
+    let Some((proxy, store, _)) = behind_proxy().await else {
+        return;
+    };
+    let k = key(&unique_scope("redis-bh-claim"), "k");
+    support::claim_when_black_holed(store, &proxy, k).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn black_holed_release_answers_within_the_step_timeout() {
+    let Some((proxy, store, _)) = behind_proxy().await else {
+        return;
+    };
+    let k = key(&unique_scope("redis-bh-release"), "k");
+    support::release_when_black_holed(store, &proxy, k).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn black_holed_extends_and_complete_answer_within_the_step_timeout() {
+    let Some((proxy, store, _)) = behind_proxy().await else {
+        return;
+    };
+    let k = key(&unique_scope("redis-bh-extend"), "k");
+    support::extend_and_complete_when_black_holed(store, &proxy, k).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_complete_black_holed_after_the_body_never_runs_it_twice_within_the_lease() {
+    let Some((proxy, store, direct)) = behind_proxy().await else {
+        return;
+    };
+    let k = key(&unique_scope("redis-bh-complete"), "k");
+    support::complete_black_holed_after_the_body(store, direct, &proxy, k).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_connections_fail_fast_and_the_manager_reconnects() {
+    let Some((proxy, store, _)) = behind_proxy().await else {
+        return;
+    };
+    support::cut_connections_recover(store, &proxy, &unique_scope("redis-cut")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_through_a_black_hole_is_bounded() {
+    let Some(url) = backend_url(URL_VAR) else {
+        return;
+    };
+    let (upstream, _) = via_proxy(&url, 0);
+    let proxy = support::TcpProxy::start(upstream).await;
+    proxy.black_hole();
+    let (_, through) = via_proxy(&url, proxy.port());
+    let timeout = Duration::from_millis(300);
+    let started = Instant::now();
+    let res = RedisStore::builder()
+        .connect_timeout(timeout)
+        .open(&through)
+        .await;
+    // The connection opens (the proxy accepts) but the handshake never answers: bounded
+    // by the connect timeout, tried at most three times.
+    support::assert_within("redis connect", started.elapsed(), timeout * 3);
+    assert!(matches!(res, Err(Error::Connect { .. })), "{res:?}");
+}

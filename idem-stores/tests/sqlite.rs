@@ -587,3 +587,101 @@ async fn a_replay_does_not_wait_for_a_writer() {
     assert!(matches!(replay, Claim::Completed { .. }), "{replay:?}");
     writer.rollback().await.unwrap();
 }
+
+// ---- a file locked by another writer: bounded, temporary -------------------------------
+
+const STEP: Duration = Duration::from_millis(400);
+/// Slack on top of a bound for a loaded machine; far below SQLite's old 5 s busy wait.
+const MARGIN: Duration = Duration::from_millis(600);
+
+/// Holds SQLite's write lock on `store`'s file from a connection of its own pool, as
+/// another process's open write transaction does.
+async fn lock_file(store: &SqliteStore) -> sqlx::Transaction<'static, sqlx::Sqlite> {
+    let mut writer = store.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
+    sqlx::query(&format!(
+        "UPDATE {} SET token = token WHERE key = 'nothing'",
+        store.table()
+    ))
+    .execute(&mut *writer)
+    .await
+    .unwrap();
+    writer
+}
+
+fn temporary(err: &Error) -> &StoreError {
+    match err {
+        Error::Store { source, .. } if source.is_temporary() => source,
+        other => panic!("expected a temporary store error, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_file_ends_a_claim_at_the_step_timeout() {
+    let s = fresh().await;
+    let writer = lock_file(&s.store).await;
+    let idem = Idem::builder()
+        .store(s.store.clone())
+        .step_timeout(STEP)
+        .build()
+        .unwrap();
+    let runs = AtomicU64::new(0);
+    let started = std::time::Instant::now();
+    let err = idem
+        .run(key("locked"), Fingerprint::NONE, || async {
+            runs.fetch_add(1, Ordering::SeqCst)
+        })
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    eprintln!("sqlite claim on a locked file: answered in {took:?} (step timeout {STEP:?}): {err}");
+    assert!(took < STEP + MARGIN, "took {took:?}");
+    match temporary(&err) {
+        StoreError::Timeout { backend, step, .. } => {
+            assert_eq!((*backend, *step), ("sqlite", "claim"))
+        }
+        other => panic!("the 2 s busy timeout outlasts the step: {other:?}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    writer.rollback().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_timeout_below_the_step_timeout_says_the_database_is_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let busy = Duration::from_millis(150);
+    let store = SqliteStore::builder()
+        .busy_timeout(busy)
+        .open(dir.path().join("idem.db"))
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    let writer = lock_file(&store).await;
+    let idem = Idem::builder()
+        .store(store.clone())
+        .step_timeout(STEP)
+        .build()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let err = idem
+        .run(key("busy"), Fingerprint::NONE, || async { 1u8 })
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    eprintln!("sqlite claim with a {busy:?} busy timeout: answered in {took:?}: {err}");
+    assert!(took < busy + MARGIN, "took {took:?}");
+    let source = temporary(&err);
+    assert!(
+        matches!(source, StoreError::Unavailable { .. }),
+        "{source:?}"
+    );
+    let inner = std::error::Error::source(source).expect("the sqlx error is kept");
+    assert!(inner.to_string().contains("database is locked"), "{inner}");
+    writer.rollback().await.unwrap();
+    // The lock is gone: the same store claims again.
+    assert_eq!(
+        idem.run(key("busy"), Fingerprint::NONE, || async { 2u8 })
+            .await
+            .unwrap(),
+        2
+    );
+}

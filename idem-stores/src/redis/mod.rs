@@ -77,7 +77,10 @@
 //!
 //! A server that cannot be reached, drops the connection or is loading is
 //! [`StoreError::Unavailable`] (temporary, with the client's error as its source); a
-//! command that does not answer within the command timeout is [`StoreError::Timeout`].
+//! command that does not answer within the command timeout is [`StoreError::Timeout`]
+//! naming the step, as is a step that outlasts the engine's step timeout.
+//! [`Store::backend`] is `"redis"`, or `"redis-cluster"` on a cluster, and so is the
+//! backend these errors name.
 //! The engine then fails closed: the body does not run without a claim. The connection
 //! reconnects on its own, so the same store works again once the server is back.
 //!
@@ -109,8 +112,10 @@ pub use builder::{
     DEFAULT_RECOVERY_WINDOW,
 };
 
-/// The backend name in [`StoreError`]s.
+/// The backend name in [`StoreError`]s of a standalone server, and of a cluster.
 const BACKEND: &str = "redis";
+#[cfg(feature = "redis-cluster")]
+const CLUSTER_BACKEND: &str = "redis-cluster";
 
 /// A [`Store`] in Redis or Redis Cluster. Cheap to clone: clones share the connection.
 ///
@@ -154,6 +159,14 @@ impl Connection {
             Connection::Standalone(_) => "standalone",
             #[cfg(feature = "redis-cluster")]
             Connection::Cluster(_) => "cluster",
+        }
+    }
+
+    fn backend(&self) -> &'static str {
+        match self {
+            Connection::Standalone(_) => BACKEND,
+            #[cfg(feature = "redis-cluster")]
+            Connection::Cluster(_) => CLUSTER_BACKEND,
         }
     }
 }
@@ -222,13 +235,19 @@ impl RedisStore {
         record::record_key(&self.prefix, key)
     }
 
-    /// Runs one script under the command timeout.
-    async fn run(&self, script: &ScriptInvocation<'_>) -> Result<Value, StoreError> {
+    /// Runs the script of one step under the command timeout.
+    async fn run(
+        &self,
+        step: &'static str,
+        script: &ScriptInvocation<'_>,
+    ) -> Result<Value, StoreError> {
+        let backend = self.conn.backend();
         match tokio::time::timeout(self.command_timeout, self.conn.eval(script)).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(store_error(e, self.command_timeout)),
+            Ok(Err(e)) => Err(store_error(backend, step, e, self.command_timeout)),
             Err(_) => Err(StoreError::Timeout {
-                backend: BACKEND,
+                backend,
+                step,
                 after: self.command_timeout,
             }),
         }
@@ -246,7 +265,7 @@ impl Store for RedisStore {
     ) -> Result<Claim, StoreError> {
         let mut script = scripts::CLAIM.key(self.record_key(key));
         script.arg(&record::claim_request(token, fingerprint, lease, self.recovery_window)[..]);
-        record::claim_reply(self.run(&script).await?, token)
+        record::claim_reply(self.run("claim", &script).await?, token)
     }
 
     async fn complete(
@@ -261,13 +280,13 @@ impl Store for RedisStore {
             .arg(&record::token_bytes(token)[..])
             .arg(&payload[..])
             .arg(record::millis(ttl));
-        record::held_reply("complete", self.run(&script).await?)
+        record::held_reply("complete", self.run("complete", &script).await?)
     }
 
     async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError> {
         let mut script = scripts::RELEASE.key(self.record_key(key));
         script.arg(&record::token_bytes(token)[..]);
-        record::held_reply("release", self.run(&script).await?)
+        record::held_reply("release", self.run("release", &script).await?)
     }
 
     async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
@@ -276,32 +295,42 @@ impl Store for RedisStore {
             .arg(&record::token_bytes(token)[..])
             .arg(record::millis(lease))
             .arg(record::millis(self.recovery_window));
-        record::held_reply("extend", self.run(&script).await?)
+        record::held_reply("extend", self.run("extend", &script).await?)
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         let script = scripts::GET.key(self.record_key(key));
-        record::get_reply(self.run(&script).await?)
+        record::get_reply(self.run("get", &script).await?)
     }
 
     async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
         let script = scripts::DELETE.key(self.record_key(key));
-        record::delete_reply(self.run(&script).await?)
+        record::delete_reply(self.run("delete", &script).await?)
+    }
+
+    fn backend(&self) -> &'static str {
+        self.conn.backend()
     }
 }
 
 /// A client error as a [`StoreError`]: temporary when the server could not be reached or
 /// was busy, corrupt when the key holds another Redis type, a backend failure otherwise.
-fn store_error(e: RedisError, timeout: Duration) -> StoreError {
+fn store_error(
+    backend: &'static str,
+    step: &'static str,
+    e: RedisError,
+    timeout: Duration,
+) -> StoreError {
     if e.code() == Some("WRONGTYPE") {
         return StoreError::Corrupt {
-            backend: BACKEND,
+            backend,
             reason: "the key holds a Redis value of another type than string".into(),
         };
     }
     if e.is_timeout() {
         return StoreError::Timeout {
-            backend: BACKEND,
+            backend,
+            step,
             after: timeout,
         };
     }
@@ -322,14 +351,8 @@ fn store_error(e: RedisError, timeout: Duration) -> StoreError {
         );
     let source = Box::new(e);
     if unreachable {
-        StoreError::Unavailable {
-            backend: BACKEND,
-            source,
-        }
+        StoreError::Unavailable { backend, source }
     } else {
-        StoreError::Backend {
-            backend: BACKEND,
-            source,
-        }
+        StoreError::Backend { backend, source }
     }
 }

@@ -1,6 +1,7 @@
-//! What the Postgres and SQLite stores share: the table name option, durations as
-//! milliseconds, turning a record's columns into a claim answer, and sorting sqlx errors
-//! into [`StoreError`]s. Each backend's statements live in its own file.
+//! What the Postgres and SQLite stores share: the table name option, connecting within a
+//! time limit, durations as milliseconds, turning a record's columns into a claim answer,
+//! and sorting sqlx errors into [`StoreError`]s. Each backend's statements live in its own
+//! file.
 
 use std::fmt;
 use std::time::Duration;
@@ -15,6 +16,14 @@ pub mod sqlite;
 
 /// The table a store uses unless told otherwise.
 pub const DEFAULT_TABLE: &str = "idem_records";
+
+/// The default longest wait for a connection from the pool, opening one included. Below
+/// the engine's default step timeout (5 s), so that a pool that cannot lend a connection
+/// says so itself before the engine gives up on the step.
+pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The default longest wait for the first connection when a store connects.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Longest table name part: the store derives index and schema-version names from
 /// it by appending up to 10 bytes, and Postgres cuts identifiers at 63.
@@ -118,6 +127,38 @@ fn check_ident(part: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// Opens one connection with `options` within `timeout`, then closes it: the check that
+/// the database is there before a pool is built on it.
+///
+/// sqlx's `PoolOptions::connect` retries a refused connection until its acquire timeout and
+/// then reports only `PoolTimedOut`; a direct connection fails at once with the real cause
+/// (connection refused, authentication failed, no such database, ...), which becomes the
+/// source of the [`Error::Connect`].
+pub(crate) async fn probe<C: sqlx::Connection>(
+    options: &<C as sqlx::Connection>::Options,
+    timeout: Duration,
+    what: impl Fn() -> String,
+) -> Result<(), Error> {
+    match tokio::time::timeout(timeout, C::connect_with(options)).await {
+        Ok(Ok(conn)) => {
+            // Closing politely only spares the server a log line; never wait long for it.
+            let _ = tokio::time::timeout(timeout, conn.close()).await;
+            Ok(())
+        }
+        Ok(Err(e)) => Err(Error::Connect {
+            message: format!("cannot connect to {}", what()),
+            source: Some(Box::new(e)),
+        }),
+        Err(_) => Err(Error::Connect {
+            message: format!("no connection to {} within {timeout:?}", what()),
+            source: Some(Box::new(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the connect timeout of {timeout:?} ran out"),
+            ))),
+        }),
+    }
 }
 
 /// A duration as whole milliseconds, rounded up (a lease never shrinks) and capped.

@@ -17,13 +17,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use idem_core::{Claim, Error, Fingerprint, Key, Record, Store, StoreError, Token};
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
 use sqlx::Row;
 
 use super::{
-    millis, store_error, token_from_db, token_to_db, DbErrorKind, LiveRow, NoAnswer, TableName,
-    CLAIM_ATTEMPTS, DEFAULT_TABLE,
+    millis, probe, store_error, token_from_db, token_to_db, DbErrorKind, LiveRow, NoAnswer,
+    TableName, CLAIM_ATTEMPTS, DEFAULT_TABLE,
 };
+pub use super::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT};
 
 const BACKEND: &str = "postgres";
 
@@ -65,41 +66,108 @@ impl std::fmt::Debug for PostgresStore {
     }
 }
 
+/// Options of a [`PostgresStore`] that opens its own pool: how long to wait for the server.
+///
+/// ```no_run
+/// # use std::time::Duration;
+/// # async fn demo() -> Result<(), idem_core::Error> {
+/// let store = idem_stores::PostgresStore::builder()
+///     .connect_timeout(Duration::from_secs(2))
+///     .acquire_timeout(Duration::from_secs(1))
+///     .connect("postgres://app@localhost/app")
+///     .await?;
+/// # let _ = store; Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct PostgresStoreBuilder {
+    acquire_timeout: Duration,
+    connect_timeout: Duration,
+}
+
+impl Default for PostgresStoreBuilder {
+    fn default() -> Self {
+        PostgresStoreBuilder {
+            acquire_timeout: DEFAULT_ACQUIRE_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+        }
+    }
+}
+
+impl PostgresStoreBuilder {
+    /// The longest wait for a connection from the pool, opening a new one included
+    /// (default 3 s). Keep it at or below the engine's step timeout
+    /// ([`IdemBuilder::step_timeout`](idem_core::IdemBuilder::step_timeout), default 5 s):
+    /// a step then fails with the pool's own error rather than the engine's timeout.
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The longest wait for the first connection when the store connects (default 3 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Opens a pool on `url` (`postgres://user:password@host:port/database?...`). See
+    /// [`PostgresStore::connect`].
+    pub async fn connect(self, url: &str) -> Result<PostgresStore, Error> {
+        let options = PgConnectOptions::from_str(url).map_err(|e| Error::Connect {
+            message: "invalid postgres URL".into(),
+            source: Some(Box::new(e)),
+        })?;
+        self.connect_with(options).await
+    }
+
+    /// Opens a pool with your connect options. See [`PostgresStore::connect`].
+    pub async fn connect_with(self, options: PgConnectOptions) -> Result<PostgresStore, Error> {
+        probe::<PgConnection>(&options, self.connect_timeout, || {
+            format!(
+                "postgres at {}:{} (database `{}`)",
+                options.get_host(),
+                options.get_port(),
+                options.get_database().unwrap_or("default")
+            )
+        })
+        .await?;
+        let pool = PgPoolOptions::new()
+            .test_before_acquire(false)
+            .acquire_timeout(self.acquire_timeout)
+            .connect_lazy_with(options);
+        Ok(PostgresStore::new(pool))
+    }
+}
+
 impl PostgresStore {
-    /// Opens a pool on `url` (`postgres://user:password@host:port/database?...`) and
-    /// connects once, so a wrong URL or a server that is down shows at startup. Does not
-    /// create the table: call [`migrate`](Self::migrate).
+    /// Opens a pool on `url` (`postgres://user:password@host:port/database?...`) with the
+    /// default timeouts ([`builder`](Self::builder) to choose them). Does not create the
+    /// table: call [`migrate`](Self::migrate).
+    ///
+    /// It connects once first, so a wrong URL or a server that is down shows at startup:
+    /// within the connect timeout (3 s), as an [`Error::Connect`] whose source chain holds
+    /// the cause (connection refused, authentication failed, ...). The pool waits at most
+    /// the acquire timeout (3 s) for a connection.
     ///
     /// The pool does not ping a connection before each statement (sqlx's
     /// `test_before_acquire`), which would cost a second round trip per step; a connection
     /// that died is noticed by the statement, which fails (the body does not run) and the
     /// pool replaces it.
     pub async fn connect(url: &str) -> Result<PostgresStore, Error> {
-        let options = PgConnectOptions::from_str(url).map_err(|e| Error::Connect {
-            message: "invalid postgres URL".into(),
-            source: Some(Box::new(e)),
-        })?;
-        let pool = PgPoolOptions::new()
-            .test_before_acquire(false)
-            .connect_with(options.clone())
-            .await
-            .map_err(|e| Error::Connect {
-                message: format!(
-                    "cannot connect to postgres at {}:{} (database `{}`)",
-                    options.get_host(),
-                    options.get_port(),
-                    options.get_database().unwrap_or("default")
-                ),
-                source: Some(Box::new(e)),
-            })?;
-        Ok(PostgresStore::new(pool))
+        PostgresStore::builder().connect(url).await
+    }
+
+    /// A builder, to choose the connect and acquire timeouts.
+    pub fn builder() -> PostgresStoreBuilder {
+        PostgresStoreBuilder::default()
     }
 
     /// A store on your own pool, with the default table `idem_records`.
     ///
     /// sqlx pools ping each connection before lending it out unless built with
     /// `PgPoolOptions::test_before_acquire(false)`; that ping is one more round trip before
-    /// every step.
+    /// every step. sqlx's default acquire timeout is 30 s: set `acquire_timeout` at or
+    /// below the engine's step timeout.
     pub fn new(pool: PgPool) -> PostgresStore {
         let table = TableName::parse(BACKEND, DEFAULT_TABLE, true)
             .expect("the default table name is valid");
@@ -525,6 +593,10 @@ impl Store for PostgresStore {
             .await
             .map_err(|e| self.error(e))?;
         Ok(live.unwrap_or(false))
+    }
+
+    fn backend(&self) -> &'static str {
+        BACKEND
     }
 }
 

@@ -16,22 +16,27 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use idem_core::{Claim, Error, Fingerprint, Key, Record, Store, StoreError, Token};
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteRow,
 };
 use sqlx::Row;
 
 use super::{
-    millis, store_error, token_from_db, token_to_db, DbErrorKind, LiveRow, NoAnswer, TableName,
-    CLAIM_ATTEMPTS, DEFAULT_TABLE,
+    millis, probe, store_error, token_from_db, token_to_db, DbErrorKind, LiveRow, NoAnswer,
+    TableName, CLAIM_ATTEMPTS, DEFAULT_TABLE,
 };
+pub use super::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT};
 
 const BACKEND: &str = "sqlite";
 
 /// The schema version this build creates and reads.
 pub const SCHEMA_VERSION: i32 = 1;
 
-/// How long a statement waits for another connection's (or process's) write lock.
-pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a statement waits for another connection's (or process's) write lock. Below
+/// the engine's default step timeout (5 s), so that a lock held elsewhere ends the step with
+/// SQLite's own "database is locked" (a temporary failure) rather than the engine's
+/// timeout; a write under the lock is one short statement, so a turn rarely takes long.
+pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The database's clock in milliseconds since the Unix epoch.
 const NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
@@ -67,42 +72,119 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
-impl SqliteStore {
-    /// Opens `sqlite://path/to/file.db` (or `sqlite:path`), creating the file when it is
-    /// missing, in WAL mode with a busy timeout of [`DEFAULT_BUSY_TIMEOUT`]. Does not create
-    /// the table: call [`migrate`](Self::migrate).
-    pub async fn connect(url: &str) -> Result<SqliteStore, Error> {
+/// Options of a [`SqliteStore`] that opens its own pool: how long to wait for the file,
+/// for a connection and for another writer's lock.
+///
+/// ```no_run
+/// # use std::time::Duration;
+/// # async fn demo() -> Result<(), idem_core::Error> {
+/// let store = idem_stores::SqliteStore::builder()
+///     .busy_timeout(Duration::from_millis(500))
+///     .open("idem.db")
+///     .await?;
+/// # let _ = store; Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct SqliteStoreBuilder {
+    acquire_timeout: Duration,
+    connect_timeout: Duration,
+    busy_timeout: Duration,
+}
+
+impl Default for SqliteStoreBuilder {
+    fn default() -> Self {
+        SqliteStoreBuilder {
+            acquire_timeout: DEFAULT_ACQUIRE_TIMEOUT,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            busy_timeout: DEFAULT_BUSY_TIMEOUT,
+        }
+    }
+}
+
+impl SqliteStoreBuilder {
+    /// The longest wait for a connection from the pool (default 3 s). Keep it at or below
+    /// the engine's step timeout
+    /// ([`IdemBuilder::step_timeout`](idem_core::IdemBuilder::step_timeout), default 5 s).
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The longest wait for the first connection when the store opens (default 3 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How long a statement waits for another connection's write lock before it fails
+    /// with "database is locked" (default [`DEFAULT_BUSY_TIMEOUT`], 2 s). Keep it below the
+    /// engine's step timeout.
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// Opens `sqlite://path/to/file.db` (or `sqlite:path`). See [`SqliteStore::connect`].
+    pub async fn connect(self, url: &str) -> Result<SqliteStore, Error> {
         let options = SqliteConnectOptions::from_str(url).map_err(|e| Error::Connect {
             message: format!("invalid sqlite URL `{url}`"),
             source: Some(Box::new(e)),
         })?;
-        Self::connect_with(options).await
+        self.connect_with(options).await
+    }
+
+    /// Opens (creating when missing) the SQLite file at `path`.
+    pub async fn open(self, path: impl AsRef<Path>) -> Result<SqliteStore, Error> {
+        self.connect_with(SqliteConnectOptions::new().filename(path))
+            .await
+    }
+
+    /// Opens a pool with your options, after setting what the store relies on: the file is
+    /// created when missing, the journal is WAL, and the busy timeout is this builder's.
+    pub async fn connect_with(self, options: SqliteConnectOptions) -> Result<SqliteStore, Error> {
+        let options = options
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .busy_timeout(self.busy_timeout);
+        probe::<SqliteConnection>(&options, self.connect_timeout, || {
+            format!("the sqlite database `{}`", options.get_filename().display())
+        })
+        .await?;
+        let pool = SqlitePoolOptions::new()
+            // A local file: a connection that was fine a moment ago still is.
+            .test_before_acquire(false)
+            .acquire_timeout(self.acquire_timeout)
+            .connect_lazy_with(options);
+        Ok(SqliteStore::new(pool))
+    }
+}
+
+impl SqliteStore {
+    /// Opens `sqlite://path/to/file.db` (or `sqlite:path`), creating the file when it is
+    /// missing, in WAL mode with a busy timeout of [`DEFAULT_BUSY_TIMEOUT`] and the other
+    /// defaults of [`builder`](Self::builder). Does not create the table: call
+    /// [`migrate`](Self::migrate). A file that cannot be opened is an [`Error::Connect`]
+    /// with SQLite's error as its source.
+    pub async fn connect(url: &str) -> Result<SqliteStore, Error> {
+        SqliteStore::builder().connect(url).await
     }
 
     /// Opens (creating when missing) the SQLite file at `path`, like [`connect`](Self::connect).
     pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, Error> {
-        Self::connect_with(SqliteConnectOptions::new().filename(path)).await
+        SqliteStore::builder().open(path).await
     }
 
     /// Opens a pool with your options, after setting what the store relies on: the file is
     /// created when missing, the journal is WAL, and the busy timeout is
     /// [`DEFAULT_BUSY_TIMEOUT`].
     pub async fn connect_with(options: SqliteConnectOptions) -> Result<SqliteStore, Error> {
-        let options = options
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .busy_timeout(DEFAULT_BUSY_TIMEOUT);
-        let file = options.get_filename().display().to_string();
-        let pool = SqlitePoolOptions::new()
-            // A local file: a connection that was fine a moment ago still is.
-            .test_before_acquire(false)
-            .connect_with(options)
-            .await
-            .map_err(|e| Error::Connect {
-                message: format!("cannot open the sqlite database `{file}`"),
-                source: Some(Box::new(e)),
-            })?;
-        Ok(SqliteStore::new(pool))
+        SqliteStore::builder().connect_with(options).await
+    }
+
+    /// A builder, to choose the busy, acquire and connect timeouts.
+    pub fn builder() -> SqliteStoreBuilder {
+        SqliteStoreBuilder::default()
     }
 
     /// A store on your own pool, with the default table `idem_records`. Use WAL mode
@@ -477,5 +559,9 @@ impl Store for SqliteStore {
             .await
             .map_err(|e| self.error(e))?;
         Ok(live.unwrap_or(false))
+    }
+
+    fn backend(&self) -> &'static str {
+        BACKEND
     }
 }

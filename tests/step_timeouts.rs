@@ -1,0 +1,365 @@
+//! Every store step the engine makes is bounded by the step timeout: a store whose steps
+//! hang (a dead connection, a lock held elsewhere) costs a caller at most that long per
+//! step, and the error names the step and the backend. Driven by tokio's paused clock, so
+//! the bounds are exact and the tests take no real time.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idem::{
+    Bytes, Capabilities, Claim, Error, Fingerprint, Idem, Key, MemoryStore, Record, Store,
+    StoreError, Token,
+};
+use tokio::time::Instant;
+
+const STEP: Duration = Duration::from_millis(500);
+
+/// How many of the next calls of one step hang.
+#[derive(Debug, Default)]
+struct Hang {
+    next: AtomicU32,
+    calls: AtomicU32,
+    /// Hanging calls the engine gave up on (their future was dropped).
+    abandoned: AtomicU32,
+}
+
+impl Hang {
+    /// Counts the call; hangs until dropped when a hang is due.
+    async fn maybe(&self) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let due = self
+            .next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if due {
+            let _noted = Abandoned(&self.abandoned);
+            std::future::pending::<()>().await;
+        }
+    }
+
+    fn set(&self, n: u32) {
+        self.next.store(n, Ordering::SeqCst);
+    }
+
+    fn calls(&self) -> u32 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    fn abandoned(&self) -> u32 {
+        self.abandoned.load(Ordering::SeqCst)
+    }
+}
+
+/// Counts a hanging call when its future is dropped: only the engine's timeout ends one.
+struct Abandoned<'a>(&'a AtomicU32);
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A memory store whose steps can be made to hang.
+#[derive(Debug, Default)]
+struct Hanging {
+    inner: MemoryStore,
+    claim: Hang,
+    complete: Hang,
+    release: Hang,
+    extend: Hang,
+    delete: Hang,
+}
+
+#[idem::async_trait]
+impl Store for Hanging {
+    async fn claim(
+        &self,
+        key: &Key,
+        fp: &Fingerprint,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        self.claim.maybe().await;
+        self.inner.claim(key, fp, token, lease).await
+    }
+    async fn complete(
+        &self,
+        key: &Key,
+        token: Token,
+        payload: Bytes,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        self.complete.maybe().await;
+        self.inner.complete(key, token, payload, ttl).await
+    }
+    async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError> {
+        self.release.maybe().await;
+        self.inner.release(key, token).await
+    }
+    async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
+        self.extend.maybe().await;
+        self.inner.extend(key, token, lease).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.inner.get(key).await
+    }
+    async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
+        self.delete.maybe().await;
+        self.inner.delete(key).await
+    }
+    async fn wait(&self, key: &Key, at_most: Duration) -> Result<(), StoreError> {
+        self.inner.wait(key, at_most).await
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
+}
+
+fn setup() -> (Arc<Hanging>, Idem) {
+    let store = Arc::new(Hanging::default());
+    let idem = Idem::builder()
+        .store(store.clone())
+        .step_timeout(STEP)
+        .build()
+        .unwrap();
+    (store, idem)
+}
+
+fn key(id: &str) -> Key {
+    Key::new("step-timeouts", id).unwrap()
+}
+
+/// The error is a temporary store timeout of `step` on the memory store, after `after`.
+fn assert_timeout(err: &Error, step: &str, after: Duration) {
+    match err {
+        Error::Store {
+            source:
+                source @ StoreError::Timeout {
+                    backend,
+                    step: s,
+                    after: a,
+                },
+            ..
+        } => {
+            assert_eq!((*backend, *s, *a), ("memory", step, after), "{err:?}");
+            assert!(source.is_temporary());
+            assert!(err.is_retryable());
+            let text = source.to_string();
+            assert!(
+                text.contains(step) && text.contains("memory"),
+                "the message names the step and the backend: {text}"
+            );
+        }
+        other => panic!("expected a {step} timeout, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_claim_times_out_and_the_body_does_not_run() {
+    let (store, idem) = setup();
+    store.claim.set(1);
+    let runs = AtomicU32::new(0);
+    let started = Instant::now();
+    let err = idem
+        .run(key("claim"), Fingerprint::NONE, || async {
+            runs.fetch_add(1, Ordering::SeqCst)
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(started.elapsed(), STEP);
+    assert_timeout(&err, "claim", STEP);
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "the body ran without a claim"
+    );
+    assert_eq!(store.claim.abandoned(), 1);
+    // The store answers again: the next call runs.
+    idem.run(key("claim"), Fingerprint::NONE, || async {
+        runs.fetch_add(1, Ordering::SeqCst)
+    })
+    .await
+    .unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_heartbeat_keeps_beating_while_one_extend_hangs() {
+    let (store, idem) = setup();
+    store.extend.set(1);
+    let lease = Duration::from_secs(3);
+    // Beats every second for ten seconds; the first hangs and is abandoned at the step
+    // timeout, and without the next beats the lease would end at 3 s and the result would
+    // be refused as a lost lease.
+    let v: u32 = idem
+        .call(key("heartbeat"))
+        .lease(lease)
+        .run(|| async {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            7
+        })
+        .await
+        .unwrap();
+    assert_eq!(v, 7);
+    assert_eq!(
+        store.extend.abandoned(),
+        1,
+        "the hanging extend was abandoned"
+    );
+    let extends = store.extend.calls();
+    assert!(
+        (8..=11).contains(&extends),
+        "one extend a second for ten seconds: {extends}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_complete_answers_a_store_error_before_the_lease_ends() {
+    let (store, idem) = setup();
+    store.complete.set(u32::MAX);
+    let lease = Duration::from_secs(2);
+    let runs = AtomicU32::new(0);
+    let started = Instant::now();
+    let err = idem
+        .call(key("complete"))
+        .lease(lease)
+        .run(|| async { runs.fetch_add(1, Ordering::SeqCst) })
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(took <= lease, "the caller waited past the lease: {took:?}");
+    match &err {
+        Error::Store {
+            source: StoreError::Timeout { step, after, .. },
+            ..
+        } => {
+            assert_eq!(*step, "complete");
+            assert!(*after <= STEP, "{after:?}");
+        }
+        other => panic!("expected a complete timeout, got {other:?}"),
+    }
+    let attempts = store.complete.calls();
+    assert!(
+        (3..=5).contains(&attempts),
+        "attempts of 500 ms with short pauses fill a 2 s lease: {attempts}"
+    );
+    assert_eq!(store.complete.abandoned(), attempts);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_release_is_abandoned_and_the_body_error_returned() {
+    let (store, idem) = setup();
+    store.release.set(1);
+    let started = Instant::now();
+    let out: Result<u8, Error> = idem
+        .call(key("release"))
+        .run_fallible(|| async {
+            Err(Error::InvalidKey {
+                key: "body".into(),
+                reason: "the body failed".into(),
+            })
+        })
+        .await;
+    assert!(matches!(out, Err(Error::InvalidKey { .. })), "{out:?}");
+    assert_eq!(started.elapsed(), STEP);
+    assert_eq!(store.release.abandoned(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_background_release_of_a_dropped_call_is_bounded() {
+    let (store, idem) = setup();
+    store.release.set(1);
+    let call = idem.run(key("dropped"), Fingerprint::NONE, || async {
+        std::future::pending::<u8>().await
+    });
+    assert!(tokio::time::timeout(Duration::from_millis(100), call)
+        .await
+        .is_err());
+    assert_eq!(store.release.calls(), 0, "released in a task of its own");
+    tokio::time::sleep(STEP + Duration::from_millis(100)).await;
+    assert_eq!(store.release.calls(), 1);
+    assert_eq!(
+        store.release.abandoned(),
+        1,
+        "the background release still hangs"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn forget_is_bounded() {
+    let (store, idem) = setup();
+    store.delete.set(1);
+    let started = Instant::now();
+    let err = idem.forget(&key("forget")).await.unwrap_err();
+    assert_eq!(started.elapsed(), STEP);
+    assert_timeout(&err, "delete", STEP);
+    assert!(!idem.forget(&key("forget")).await.unwrap());
+}
+
+#[test]
+fn the_step_timeout_is_validated_and_defaults_to_five_seconds() {
+    for bad in [Duration::ZERO, Duration::from_secs(200 * 365 * 24 * 3600)] {
+        let err = Idem::builder()
+            .store(MemoryStore::new())
+            .step_timeout(bad)
+            .build()
+            .unwrap_err();
+        assert!(err.to_string().contains("step_timeout"), "{err}");
+    }
+    let idem = Idem::new(MemoryStore::new());
+    assert_eq!(idem.step_timeout(), idem::DEFAULT_STEP_TIMEOUT);
+    assert_eq!(idem::DEFAULT_STEP_TIMEOUT, Duration::from_secs(5));
+}
+
+/// A store that does not name its backend.
+#[derive(Debug, Default)]
+struct Unnamed(MemoryStore);
+
+#[idem::async_trait]
+impl Store for Unnamed {
+    async fn claim(
+        &self,
+        key: &Key,
+        fp: &Fingerprint,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        self.0.claim(key, fp, token, lease).await
+    }
+    async fn complete(
+        &self,
+        key: &Key,
+        token: Token,
+        payload: Bytes,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        self.0.complete(key, token, payload, ttl).await
+    }
+    async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError> {
+        self.0.release(key, token).await
+    }
+    async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
+        self.0.extend(key, token, lease).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.0.get(key).await
+    }
+    async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
+        self.0.delete(key).await
+    }
+}
+
+#[test]
+fn backends_are_named_and_wrappers_forward_the_name() {
+    assert_eq!(MemoryStore::new().backend(), "memory");
+    assert_eq!(Unnamed::default().backend(), "custom");
+    let shared: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    assert_eq!(shared.backend(), "memory");
+    assert_eq!(Box::new(shared).backend(), "memory");
+    assert_eq!(Arc::new(Unnamed::default()).backend(), "custom");
+}
