@@ -576,7 +576,8 @@ fn assert_store_error_with_source(err: &Error) {
 #[tokio::test]
 async fn a_terminated_connection_is_a_store_error_and_the_body_does_not_run() {
     let Some(url) = url() else { return };
-    let admin = pool(&url, 1).await;
+    // Two: one holds a row lock while the other terminates the store's connection.
+    let admin = pool(&url, 2).await;
     let schema = fresh_schema(&admin).await;
     let name = format!("idem-lost-{schema}");
     let options = PgConnectOptions::from_str(&url)
@@ -600,26 +601,50 @@ async fn a_terminated_connection_is_a_store_error_and_the_body_does_not_run() {
     .await
     .unwrap();
 
-    let killed: Vec<bool> = sqlx::query_scalar(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
-    )
-    .bind(&name)
-    .fetch_all(&admin)
+    // The connection must die while a claim is on it: between two calls, sqlx may notice a
+    // terminated connection by itself and open a new one, and the claim would then simply
+    // succeed. So another transaction holds an uncommitted row under the key, the claim's
+    // insert waits for it, and the connection is terminated while it waits.
+    let mut holder = admin.begin().await.unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {schema}.idem_records (key, fingerprint, token, completed, payload, ends_at)
+         VALUES ($1, $2, 1, false, NULL, now() + interval '1 minute')"
+    ))
+    .bind(key("after").as_str())
+    .bind(&[0u8; 16][..])
+    .execute(&mut *holder)
     .await
     .unwrap();
-    assert_eq!(
-        killed,
-        vec![true],
-        "the store's one connection was terminated"
-    );
-    tokio::time::sleep(Duration::from_millis(100)).await;
-
-    let err = idem
-        .run(key("after"), Fingerprint::NONE, || async {
-            runs.fetch_add(1, Ordering::SeqCst)
-        })
-        .await
-        .unwrap_err();
+    let call = idem.run(key("after"), Fingerprint::NONE, || async {
+        runs.fetch_add(1, Ordering::SeqCst)
+    });
+    let terminate = async {
+        // Until the store's connection waits on the held row, then terminate it.
+        let waiting = format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE application_name = $1 AND wait_event_type = 'Lock'"
+        );
+        for _ in 0..200 {
+            let killed: Vec<bool> = sqlx::query_scalar(&waiting)
+                .bind(&name)
+                .fetch_all(&admin)
+                .await
+                .unwrap();
+            if !killed.is_empty() {
+                assert_eq!(
+                    killed,
+                    vec![true],
+                    "the store's one connection was terminated"
+                );
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the claim never waited on the held row");
+    };
+    let (res, ()) = tokio::join!(call, terminate);
+    holder.rollback().await.unwrap();
+    let err = res.unwrap_err();
     assert_store_error_with_source(&err);
     assert_eq!(
         runs.load(Ordering::SeqCst),
