@@ -620,12 +620,10 @@ async fn a_terminated_connection_is_a_store_error_and_the_body_does_not_run() {
     });
     let terminate = async {
         // Until the store's connection waits on the held row, then terminate it.
-        let waiting = format!(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-             WHERE application_name = $1 AND wait_event_type = 'Lock'"
-        );
+        let waiting = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE application_name = $1 AND wait_event_type = 'Lock'";
         for _ in 0..200 {
-            let killed: Vec<bool> = sqlx::query_scalar(&waiting)
+            let killed: Vec<bool> = sqlx::query_scalar(waiting)
                 .bind(&name)
                 .fetch_all(&admin)
                 .await
