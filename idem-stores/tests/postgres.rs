@@ -15,9 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idem_core::testing::backend_url;
-use idem_core::{
-    Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, StoreError, Token,
-};
+use idem_core::{Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, Token};
 use idem_stores::PostgresStore;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -94,6 +92,26 @@ async fn fresh() -> Option<PostgresStore> {
 }
 
 idem_core::conformance_tests!(postgres, super::fresh());
+
+#[macro_use]
+#[path = "support/sql.rs"]
+mod sql_suite;
+
+/// A store on a pool of its own, in a fresh schema, not migrated.
+async fn unmigrated() -> Option<(PostgresStore, ())> {
+    let pool = pool(&url()?, 6).await;
+    let schema = fresh_schema(&pool).await;
+    let store = PostgresStore::new(pool)
+        .with_table(&format!("{schema}.idem_records"))
+        .unwrap();
+    Some((store, ()))
+}
+
+sql_store_tests!(
+    PostgresStore,
+    fresh = super::unmigrated(),
+    url = async { super::url().map(|u| (u, ())) },
+);
 
 fn key(id: &str) -> Key {
     Key::new("postgres-tests", id).unwrap()
@@ -385,115 +403,6 @@ async fn round_trips_first_call_two_replay_one() {
 
 // ---- setup and failures ------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn migrate_twice_and_concurrently() {
-    let Some(url) = url() else { return };
-    let pool = pool(&url, 6).await;
-    let schema = fresh_schema(&pool).await;
-    let store = PostgresStore::new(pool)
-        .with_table(&format!("{schema}.records"))
-        .unwrap();
-    let runs: Vec<_> = (0..5)
-        .map(|_| {
-            let s = store.clone();
-            tokio::spawn(async move { s.migrate().await })
-        })
-        .collect();
-    for r in runs {
-        r.await.unwrap().unwrap();
-    }
-    store.migrate().await.unwrap();
-    let versions: Vec<i32> =
-        sqlx::query_scalar(&format!("SELECT version FROM \"{schema}\".records_schema"))
-            .fetch_all(store.pool())
-            .await
-            .unwrap();
-    assert_eq!(versions, vec![1]);
-
-    // A table migrated by a newer build is refused, not used.
-    sqlx::query(&format!(
-        "INSERT INTO \"{schema}\".records_schema (version) VALUES (99)"
-    ))
-    .execute(store.pool())
-    .await
-    .unwrap();
-    match store.migrate().await {
-        Err(StoreError::NotSetUp { message, .. }) => {
-            assert!(message.contains("newer"), "{message}")
-        }
-        other => panic!("expected NotSetUp, got {other:?}"),
-    }
-}
-
-#[tokio::test]
-async fn a_missing_table_says_to_call_migrate_and_the_body_does_not_run() {
-    let Some(url) = url() else { return };
-    let pool = pool(&url, 2).await;
-    let schema = fresh_schema(&pool).await;
-    let store = PostgresStore::new(pool)
-        .with_table(&format!("{schema}.idem_records"))
-        .unwrap();
-    let idem = Idem::new(store.clone());
-    let runs = AtomicU64::new(0);
-    let err = idem
-        .run(key("no-table"), Fingerprint::NONE, || async {
-            runs.fetch_add(1, Ordering::SeqCst)
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(runs.load(Ordering::SeqCst), 0);
-    match &err {
-        Error::Store {
-            source: StoreError::NotSetUp { message, .. },
-            ..
-        } => assert!(
-            message.contains("migrate()") && message.contains(&schema),
-            "{message}"
-        ),
-        other => panic!("expected a NotSetUp store error, got {other:?}"),
-    }
-    assert!(store.get(&key("no-table")).await.is_err());
-    store.migrate().await.unwrap();
-    idem.run(key("no-table"), Fingerprint::NONE, || async { 1 })
-        .await
-        .unwrap();
-}
-
-#[tokio::test]
-async fn a_junk_row_is_a_decode_error_naming_the_key() {
-    let Some(store) = fresh().await else { return };
-    let sql = format!(
-        "INSERT INTO {} (key, fingerprint, token, completed, payload, ends_at) VALUES ($1, $2, 7, true, $3, now() + interval '1 minute')",
-        store.table()
-    );
-    let junk_payload = key("junk-payload");
-    let junk_fingerprint = key("junk-fingerprint");
-    for (k, fp, payload) in [
-        (&junk_payload, vec![0u8; 16], b"not an envelope".to_vec()),
-        (&junk_fingerprint, vec![1u8, 2, 3], b"x".to_vec()),
-    ] {
-        sqlx::query(&sql)
-            .bind(k.as_str())
-            .bind(fp)
-            .bind(payload)
-            .execute(store.pool())
-            .await
-            .unwrap();
-    }
-    let idem = Idem::new(store);
-    for k in [junk_payload, junk_fingerprint] {
-        let err = idem
-            .run(k.clone(), Fingerprint::NONE, || async { 1u8 })
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(&err, Error::Decode { key, .. } if *key == k),
-            "{err:?}"
-        );
-        assert!(err.to_string().contains(k.as_str()), "{err}");
-    }
-}
-
 /// Keys are bound, never spliced, and kept as they are but for `%` and NUL, which are
 /// percent-encoded (Postgres text cannot hold NUL): every key still reaches its own row.
 #[tokio::test]
@@ -666,86 +575,6 @@ async fn a_server_that_is_down_is_a_store_error_and_the_body_does_not_run() {
     );
 }
 
-#[tokio::test]
-async fn purge_expired_deletes_ended_records_in_batches() {
-    let Some(store) = fresh().await else { return };
-    for i in 0..25 {
-        let k = key(&format!("short{i}"));
-        let Claim::Acquired { token, .. } = store
-            .claim(
-                &k,
-                &Fingerprint::NONE,
-                Token::random(),
-                Duration::from_secs(30),
-            )
-            .await
-            .unwrap()
-        else {
-            panic!()
-        };
-        store
-            .complete(&k, token, Bytes::new(), Duration::from_millis(50))
-            .await
-            .unwrap();
-    }
-    for i in 0..5 {
-        store
-            .claim(
-                &key(&format!("ended-lease{i}")),
-                &Fingerprint::NONE,
-                Token::random(),
-                Duration::from_millis(50),
-            )
-            .await
-            .unwrap();
-        store
-            .claim(
-                &key(&format!("live{i}")),
-                &Fingerprint::NONE,
-                Token::random(),
-                Duration::from_secs(30),
-            )
-            .await
-            .unwrap();
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(store.purge_expired(7).await.unwrap(), 30);
-    let left: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", store.table()))
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
-    assert_eq!(left, 5, "only the live claims are left");
-    assert_eq!(store.purge_expired(7).await.unwrap(), 0);
-}
-
-#[tokio::test]
-async fn a_takeover_is_marked_recovered_under_the_callers_token() {
-    let Some(store) = fresh().await else { return };
-    let k = key("recover");
-    store
-        .claim(
-            &k,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_millis(50),
-        )
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let mine = Token::random();
-    match store
-        .claim(&k, &Fingerprint::NONE, mine, Duration::from_secs(5))
-        .await
-        .unwrap()
-    {
-        Claim::Acquired { token, recovered } => {
-            assert!(recovered);
-            assert_eq!(token, mine, "the claim's token is the caller's");
-        }
-        other => panic!("{other:?}"),
-    }
-}
-
 /// Claims bring their own token, so `migrate` no longer creates a token sequence; one that
 /// an earlier build created is left alone, and the table works with or without it.
 #[tokio::test]
@@ -786,41 +615,6 @@ async fn migrate_creates_no_token_sequence_and_leaves_an_old_one_alone() {
         .await
         .unwrap();
     assert_eq!(v, 3);
-}
-
-#[tokio::test]
-async fn connect_creates_the_table() {
-    let Some(url) = url() else { return };
-    // The default table, shared by every run: connect() migrates it (a no-op when present).
-    let store = idem_stores::connect(&url).await.unwrap();
-    let idem = Idem::builder().shared_store(store).build().unwrap();
-    let k = Key::new(
-        "postgres-tests.connect",
-        format!("{}-{}", std::process::id(), unix_secs()),
-    )
-    .unwrap();
-    let v: u32 = idem
-        .run(k.clone(), Fingerprint::NONE, || async { 7 })
-        .await
-        .unwrap();
-    assert_eq!(v, 7);
-    assert!(idem.forget(&k).await.unwrap());
-}
-
-#[tokio::test]
-async fn table_names_are_checked() {
-    let pool = PgPoolOptions::new()
-        .connect_lazy("postgres://nobody@127.0.0.1:1/none")
-        .unwrap();
-    for bad in ["x; DROP TABLE y", "a\"b", "", "a.b.c", "1x", "x y"] {
-        let err = PostgresStore::new(pool.clone())
-            .with_table(bad)
-            .unwrap_err();
-        assert!(matches!(err, Error::Connect { .. }), "{bad:?}: {err:?}");
-    }
-    assert!(PostgresStore::new(pool)
-        .with_table("app.idem_records")
-        .is_ok());
 }
 
 /// A replay reads: it answers while another transaction holds the record's row lock, and

@@ -11,7 +11,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use idem_core::{
-    Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, StoreError, Token,
+    Capabilities, Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, StoreError,
+    Token,
 };
 use idem_stores::SqliteStore;
 use tempfile::TempDir;
@@ -55,6 +56,12 @@ impl Store for InTempDir {
     async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
         self.store.delete(key).await
     }
+    fn capabilities(&self) -> Capabilities {
+        self.store.capabilities()
+    }
+    fn backend(&self) -> &'static str {
+        self.store.backend()
+    }
 }
 
 static TABLES: AtomicU64 = AtomicU64::new(0);
@@ -73,6 +80,34 @@ async fn fresh() -> InTempDir {
 }
 
 idem_core::conformance_tests!(sqlite, async { Some(super::fresh().await) });
+
+#[macro_use]
+#[path = "support/sql.rs"]
+mod sql_suite;
+
+/// A store on a file of its own in a temporary directory (the guard), not migrated.
+async fn unmigrated() -> Option<(SqliteStore, TempDir)> {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::builder()
+        .migrate(false)
+        .open(dir.path().join("idem.db"))
+        .await
+        .unwrap();
+    Some((store, dir))
+}
+
+/// A URL of a file in a temporary directory (the guard).
+async fn temporary_url() -> Option<(String, TempDir)> {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    Some((url, dir))
+}
+
+sql_store_tests!(
+    SqliteStore,
+    fresh = super::unmigrated(),
+    url = super::temporary_url(),
+);
 
 fn key(id: &str) -> Key {
     Key::new("sqlite-tests", id).unwrap()
@@ -273,116 +308,6 @@ async fn a_reopened_file_replays_the_stored_result() {
 }
 
 #[tokio::test]
-async fn a_missing_table_says_to_call_migrate_and_the_body_does_not_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join("idem.db")).await.unwrap();
-    let idem = Idem::new(store.clone());
-    let runs = AtomicU64::new(0);
-    let err = idem
-        .run(key("no-table"), Fingerprint::NONE, || async {
-            runs.fetch_add(1, Ordering::SeqCst)
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(runs.load(Ordering::SeqCst), 0);
-    match &err {
-        Error::Store {
-            source: StoreError::NotSetUp { message, .. },
-            ..
-        } => assert!(
-            message.contains("migrate()") && message.contains("idem_records"),
-            "{message}"
-        ),
-        other => panic!("expected a NotSetUp store error, got {other:?}"),
-    }
-    store.migrate().await.unwrap();
-    idem.run(key("no-table"), Fingerprint::NONE, || async { 1 })
-        .await
-        .unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn migrate_twice_and_concurrently() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("idem.db");
-    let stores: Vec<SqliteStore> = futures_join(4, |_| SqliteStore::open(path.clone()))
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
-    let migrations: Vec<_> = stores
-        .iter()
-        .cloned()
-        .map(|s| tokio::spawn(async move { s.migrate().await }))
-        .collect();
-    for m in migrations {
-        m.await.unwrap().unwrap();
-    }
-    stores[0].migrate().await.unwrap();
-    let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM idem_records_schema")
-        .fetch_all(stores[0].pool())
-        .await
-        .unwrap();
-    assert_eq!(
-        versions,
-        vec![1],
-        "one version row however often migrate ran"
-    );
-}
-
-async fn futures_join<T, F, Fut>(n: usize, f: F) -> Vec<T>
-where
-    F: Fn(usize) -> Fut,
-    Fut: std::future::Future<Output = T> + Send + 'static,
-    T: Send + 'static,
-{
-    let handles: Vec<_> = (0..n).map(|i| tokio::spawn(f(i))).collect();
-    let mut out = Vec::new();
-    for h in handles {
-        out.push(h.await.unwrap());
-    }
-    out
-}
-
-#[tokio::test]
-async fn a_junk_row_is_a_decode_error_naming_the_key() {
-    let s = fresh().await;
-    let t = s.store.table();
-    let far = "CAST(unixepoch('subsec') * 1000 AS INTEGER) + 60000";
-    let sql = format!(
-        "INSERT INTO {t} (key, fingerprint, token, completed, payload, ends_at) VALUES (?1, ?2, 7, 1, ?3, {far})"
-    );
-    let junk_payload = key("junk-payload");
-    let junk_fingerprint = key("junk-fingerprint");
-    sqlx::query(&sql)
-        .bind(junk_payload.as_str())
-        .bind(vec![0u8; 16])
-        .bind(b"not an envelope".to_vec())
-        .execute(s.store.pool())
-        .await
-        .unwrap();
-    sqlx::query(&sql)
-        .bind(junk_fingerprint.as_str())
-        .bind(vec![1u8, 2, 3])
-        .bind(b"x".to_vec())
-        .execute(s.store.pool())
-        .await
-        .unwrap();
-    let idem = Idem::new(s);
-    for k in [junk_payload, junk_fingerprint] {
-        let err = idem
-            .run(k.clone(), Fingerprint::NONE, || async { 1u8 })
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(&err, Error::Decode { key, .. } if *key == k),
-            "{err:?}"
-        );
-        assert!(err.to_string().contains(k.as_str()), "{err}");
-    }
-}
-
-#[tokio::test]
 async fn keys_are_bound_parameters_stored_verbatim() {
     let s = fresh().await;
     let ids = [
@@ -453,94 +378,6 @@ async fn a_closed_pool_is_a_store_error_and_the_body_does_not_run() {
             assert!(inner.downcast_ref::<sqlx::Error>().is_some(), "{inner:?}");
         }
         other => panic!("expected Error::Store, got {other:?}"),
-    }
-}
-
-#[tokio::test]
-async fn purge_expired_deletes_ended_records_in_batches() {
-    let s = fresh().await;
-    for i in 0..25 {
-        let k = key(&format!("short{i}"));
-        let Claim::Acquired { token, .. } = s
-            .claim(
-                &k,
-                &Fingerprint::NONE,
-                Token::random(),
-                Duration::from_secs(30),
-            )
-            .await
-            .unwrap()
-        else {
-            panic!()
-        };
-        s.complete(&k, token, Bytes::new(), Duration::from_millis(50))
-            .await
-            .unwrap();
-    }
-    for i in 0..5 {
-        s.claim(
-            &key(&format!("ended-lease{i}")),
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_millis(50),
-        )
-        .await
-        .unwrap();
-        s.claim(
-            &key(&format!("live{i}")),
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_secs(30),
-        )
-        .await
-        .unwrap();
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(s.store.purge_expired(7).await.unwrap(), 30);
-    let left: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", s.store.table()))
-        .fetch_one(s.store.pool())
-        .await
-        .unwrap();
-    assert_eq!(left, 5, "only the live claims are left");
-    assert_eq!(s.store.purge_expired(7).await.unwrap(), 0);
-}
-
-#[tokio::test]
-async fn a_takeover_is_marked_recovered() {
-    let s = fresh().await;
-    let k = key("recover");
-    s.claim(
-        &k,
-        &Fingerprint::NONE,
-        Token::random(),
-        Duration::from_millis(50),
-    )
-    .await
-    .unwrap();
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    assert!(matches!(
-        s.claim(
-            &k,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_secs(5)
-        )
-        .await
-        .unwrap(),
-        Claim::Acquired {
-            recovered: true,
-            ..
-        }
-    ));
-}
-
-#[tokio::test]
-async fn table_names_are_checked() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join("idem.db")).await.unwrap();
-    for bad in ["x; DROP TABLE y", "a\"b", "", "main.t", "1x"] {
-        let err = store.clone().with_table(bad).unwrap_err();
-        assert!(matches!(err, Error::Connect { .. }), "{bad:?}: {err:?}");
     }
 }
 
