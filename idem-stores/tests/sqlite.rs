@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -111,53 +110,6 @@ sql_store_tests!(
 
 fn key(id: &str) -> Key {
     Key::new("sqlite-tests", id).unwrap()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn many_tasks_on_two_pools_run_each_key_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("idem.db");
-    let a = SqliteStore::open(&path).await.unwrap();
-    a.migrate().await.unwrap();
-    let b = SqliteStore::open(&path).await.unwrap();
-    let engines = [a, b].map(|s| {
-        Idem::builder()
-            .store(s)
-            .in_progress(InProgress::Wait)
-            .wait_timeout(Duration::from_secs(30))
-            .build()
-            .unwrap()
-    });
-    let runs: Arc<Vec<AtomicU64>> = Arc::new((0..20).map(|_| AtomicU64::new(0)).collect());
-    let mut tasks = Vec::new();
-    for i in 0..200usize {
-        let idem = engines[i % 2].clone();
-        let runs = runs.clone();
-        let k = i % 20;
-        tasks.push(tokio::spawn(async move {
-            let v: usize = idem
-                .run(key(&format!("k{k}")), Fingerprint::NONE, || async move {
-                    runs[k].fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    i
-                })
-                .await
-                .unwrap();
-            (k, v)
-        }));
-    }
-    let mut answers: HashMap<usize, usize> = HashMap::new();
-    for t in tasks {
-        let (k, v) = t.await.unwrap();
-        assert_eq!(
-            *answers.entry(k).or_insert(v),
-            v,
-            "key {k} answered two values"
-        );
-    }
-    for (k, n) in runs.iter().enumerate() {
-        assert_eq!(n.load(Ordering::SeqCst), 1, "key {k} ran {n:?} times");
-    }
 }
 
 /// The child half of `two_processes_on_one_file_have_one_winner_per_key`: does nothing
@@ -307,51 +259,20 @@ async fn a_reopened_file_replays_the_stored_result() {
     );
 }
 
+/// Keys are bound, never spliced, and stored as they are (TEXT holds NUL).
 #[tokio::test]
 async fn keys_are_bound_parameters_stored_verbatim() {
     let s = fresh().await;
-    let ids = [
-        "it's".to_string(),
-        "\"quoted\"".into(),
-        "100%".into(),
-        "%".into(),
-        "_".into(),
-        "'; DROP TABLE idem_records; --".into(),
-        "ünïcödé 🦀".into(),
-        "k".repeat(1024),
-    ];
-    for id in &ids {
-        let k = key(id);
-        let Claim::Acquired { token, .. } = s
-            .claim(
-                &k,
-                &Fingerprint::NONE,
-                Token::random(),
-                Duration::from_secs(30),
-            )
-            .await
-            .unwrap()
-        else {
-            panic!("{id:?} not acquired");
-        };
-        s.complete(&k, token, Bytes::from(id.clone()), Duration::from_secs(30))
-            .await
-            .unwrap();
-    }
+    let ids = sql_suite::awkward_ids();
+    let keys = sql_suite::complete_each(&s, "sqlite-tests", &ids).await;
     let stored: Vec<String> =
         sqlx::query_scalar(&format!("SELECT key FROM {} ORDER BY key", s.store.table()))
             .fetch_all(s.store.pool())
             .await
             .unwrap();
-    let mut expected: Vec<String> = ids.iter().map(|id| key(id).as_str().to_owned()).collect();
+    let mut expected: Vec<String> = keys.iter().map(|k| k.as_str().to_owned()).collect();
     expected.sort();
     assert_eq!(stored, expected);
-    for id in &ids {
-        match s.get(&key(id)).await.unwrap() {
-            Some(Record::Completed { payload, .. }) => assert_eq!(payload, Bytes::from(id.clone())),
-            other => panic!("{id:?}: {other:?}"),
-        }
-    }
 }
 
 #[tokio::test]
@@ -386,21 +307,7 @@ async fn a_closed_pool_is_a_store_error_and_the_body_does_not_run() {
 async fn a_replay_does_not_wait_for_a_writer() {
     let s = fresh().await;
     let k = key("replay-reads");
-    let Claim::Acquired { token, .. } = s
-        .claim(
-            &k,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_secs(30),
-        )
-        .await
-        .unwrap()
-    else {
-        panic!()
-    };
-    s.complete(&k, token, Bytes::from_static(b"v"), Duration::from_secs(60))
-        .await
-        .unwrap();
+    sql_suite::complete(&s, &k, Bytes::from_static(b"v")).await;
     let mut writer = s.store.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
     sqlx::query(&format!(
         "UPDATE {} SET token = token WHERE key = 'other'",
@@ -409,19 +316,7 @@ async fn a_replay_does_not_wait_for_a_writer() {
     .execute(&mut *writer)
     .await
     .unwrap();
-    let replay = tokio::time::timeout(
-        Duration::from_secs(2),
-        s.claim(
-            &k,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_secs(30),
-        ),
-    )
-    .await
-    .expect("a replay waited for the writer")
-    .unwrap();
-    assert!(matches!(replay, Claim::Completed { .. }), "{replay:?}");
+    sql_suite::claims_answer_without_waiting(&s, &k, None, Duration::from_secs(2)).await;
     writer.rollback().await.unwrap();
 }
 

@@ -131,7 +131,7 @@ pub trait Dialect: Driver + Sealed + Sized {
     /// The user-facing store name, in error messages (`PostgresStore`).
     const STORE: &'static str;
     /// Whether a table name may carry a schema (`schema.table`).
-    const SCHEMA_QUALIFIED: bool;
+    const SCHEMA_QUALIFIED: bool = false;
 
     /// Options a dialect's builder adds to the shared ones (SQLite: its busy timeout).
     type Settings: Default + Clone + fmt::Debug + Send + Sync;
@@ -146,13 +146,26 @@ pub trait Dialect: Driver + Sealed + Sized {
     fn key(key: &Key) -> Arg;
     /// How many rows a statement affected.
     fn rows_affected(done: &Self::QueryResult) -> u64;
-    /// The connect options as the store needs them, with the builder's settings applied.
+    /// The connect options as the store needs them, with the builder's settings applied
+    /// (as they are, unless the dialect needs more).
     fn prepare(
         options: <Self::Connection as sqlx::Connection>::Options,
-        settings: &Self::Settings,
-    ) -> <Self::Connection as sqlx::Connection>::Options;
-    /// What a connect error names: the server or file the options point at.
-    fn describe(options: &<Self::Connection as sqlx::Connection>::Options) -> String;
+        _settings: &Self::Settings,
+    ) -> <Self::Connection as sqlx::Connection>::Options {
+        options
+    }
+    /// What a connect error names: the server or file the options point at. By default
+    /// the host, port and database of the options' URL (never its user or password).
+    fn describe(options: &<Self::Connection as sqlx::Connection>::Options) -> String {
+        let url = sqlx::ConnectOptions::to_url_lossy(options);
+        let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
+        format!(
+            "{} at {}{port} (database `{}`)",
+            Self::BACKEND,
+            url.host_str().unwrap_or("localhost"),
+            url.path().trim_start_matches('/')
+        )
+    }
 
     /// A connect error, with what the dialect can tell about its cause.
     fn explain_connect_error(
@@ -163,17 +176,44 @@ pub trait Dialect: Driver + Sealed + Sized {
     }
 
     /// The claim: one atomic step, as `Store::claim` describes it.
-    async fn claim(
-        store: &SqlStore<Self>,
-        key: &Key,
-        fingerprint: &Fingerprint,
-        token: Token,
-        lease: Duration,
-    ) -> Result<Claim, StoreError>;
+    async fn claim(store: &SqlStore<Self>, request: ClaimRequest<'_>) -> Result<Claim, StoreError>;
+}
+
+/// What a claim asks for, as `Store::claim` takes it.
+#[derive(Clone, Copy)]
+pub struct ClaimRequest<'a> {
+    /// The key.
+    pub key: &'a Key,
+    /// The caller's fingerprint.
+    pub fingerprint: &'a Fingerprint,
+    /// The caller's token.
+    pub token: Token,
+    /// The lease asked for.
+    pub lease: Duration,
+}
+
+impl ClaimRequest<'_> {
+    /// The arguments every dialect's claim statement takes, in this order: key,
+    /// fingerprint, lease in milliseconds, token.
+    pub fn args<D: Dialect>(&self) -> Vec<Arg> {
+        vec![
+            D::key(self.key),
+            Arg::Bytes(self.fingerprint.as_bytes().to_vec()),
+            Arg::Int(super::millis(self.lease)),
+            Arg::Int(super::token_to_db(self.token)),
+        ]
+    }
 }
 
 /// Keeps [`Dialect`] to the databases this crate implements it for.
 pub trait Sealed {}
+
+#[cfg(feature = "postgres")]
+impl Sealed for sqlx::Postgres {}
+#[cfg(feature = "sqlite")]
+impl Sealed for sqlx::Sqlite {}
+#[cfg(feature = "mysql")]
+impl Sealed for sqlx::MySql {}
 
 /// The sqlx calls the generic store makes. Implemented for every sqlx database that has
 /// what they need; generic code then needs no bound but `D: Dialect`.

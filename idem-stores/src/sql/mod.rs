@@ -83,6 +83,7 @@ impl TableName {
     }
 
     /// The quoted, qualified name of this table with `suffix` appended to its last part.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(crate) fn quoted_with(&self, suffix: &str) -> String {
         match &self.schema {
             Some(s) => format!("\"{s}\".\"{}{suffix}\"", self.name),
@@ -91,6 +92,7 @@ impl TableName {
     }
 
     /// The quoted, qualified name of this table.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(crate) fn quoted(&self) -> String {
         self.quoted_with("")
     }
@@ -103,6 +105,7 @@ impl TableName {
     }
 
     /// The unqualified, quoted name with `suffix` (an index name, which takes no schema).
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(crate) fn bare_with(&self, suffix: &str) -> String {
         format!("\"{}{suffix}\"", self.name)
     }
@@ -330,6 +333,18 @@ impl fmt::Display for NoAnswer {
 }
 
 impl std::error::Error for NoAnswer {}
+
+impl NoAnswer {
+    /// The store error of a claim that got no answer `CLAIM_ATTEMPTS` times.
+    pub(crate) fn error(backend: &'static str) -> StoreError {
+        StoreError::Backend {
+            backend,
+            source: Box::new(NoAnswer {
+                attempts: CLAIM_ATTEMPTS,
+            }),
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -14,28 +14,20 @@
 //! `max_allowed_packet` (16 MiB by default on MariaDB 10.11 and MySQL 8) bounds what one
 //! `complete` can send.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
-use idem_core::{Claim, Fingerprint, Key, StoreError, Token};
-use sqlx::mysql::{MySqlConnectOptions, MySqlDatabaseError, MySqlQueryResult};
+use idem_core::{Claim, Key, StoreError};
+use sqlx::mysql::{MySqlDatabaseError, MySqlQueryResult};
 pub use sqlx::MySql;
 
-use super::dialect::{Arg, Col, Dialect, Driver, Migration, Sql, Statements};
+use super::dialect::{Arg, ClaimRequest, Col, Dialect, Driver, Migration, Sql, Statements};
 use super::{
-    millis, token_from_db, token_to_db, DbErrorKind, LiveRow, NoAnswer, SqlStore, SqlStoreBuilder,
+    token_from_db, token_to_db, DbErrorKind, LiveRow, NoAnswer, SqlStore, SqlStoreBuilder,
     TableName, CLAIM_ATTEMPTS,
 };
 pub use super::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT};
 
 /// The schema version this build creates and reads.
 pub const SCHEMA_VERSION: i32 = 1;
-
-/// The server's clock in milliseconds since the Unix epoch. `UTC_TIMESTAMP` and
-/// `TIMESTAMPDIFF` do no time zone conversion, so the session's `time_zone` (and its
-/// daylight saving hour that happens twice) cannot move it.
-const NOW_MS: &str =
-    "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)";
 
 /// Idempotency records in a MySQL or MariaDB table (default `idem_records`), on a sqlx
 /// [`MySqlPool`](sqlx::MySqlPool): the generic [`SqlStore`] in the MySQL dialect.
@@ -51,28 +43,63 @@ const NOW_MS: &str =
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// use idem_stores::MySqlStore;
-/// let store = MySqlStore::connect("mysql://app@localhost/app").await?; // and migrates
-/// let idem = idem_core::Idem::new(store);
-/// # Ok(()) }
+/// // Creates the table `billing_idem` and its procedure `billing_idem_claim` if missing.
+/// let store = idem_stores::MySqlStore::builder()
+///     .table("billing_idem")
+///     .connect("mysql://app@localhost/app")
+///     .await?;
+/// # let _ = store; Ok(()) }
 /// ```
 pub type MySqlStore = SqlStore<MySql>;
 
-/// Options of a [`MySqlStore`] that opens its own pool: the generic [`SqlStoreBuilder`]
-/// in the MySQL dialect.
+/// Options of a [`MySqlStore`] that opens its own pool (the generic [`SqlStoreBuilder`]).
+/// Where the service's user lacks `CREATE ROUTINE`, connect with `migrate(false)` and run
+/// [`migrate`](SqlStore::migrate) from a deploy step as a user that has it.
 pub type MySqlStoreBuilder = SqlStoreBuilder<MySql>;
 
-impl super::dialect::Sealed for MySql {}
+/// The server's clock in milliseconds since the Unix epoch. `UTC_TIMESTAMP` and
+/// `TIMESTAMPDIFF` do no time zone conversion, so the session's `time_zone` (and its
+/// daylight saving hour that happens twice) cannot move it.
+const NOW_MS: &str =
+    "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)";
 
 #[async_trait]
 impl Dialect for MySql {
     const BACKEND: &'static str = "mysql";
     const STORE: &'static str = "MySqlStore";
-    const SCHEMA_QUALIFIED: bool = false;
     type Settings = ();
 
+    /// The statements of one table. Parameters are numbered in the order the store binds them
+    /// and turned into MySQL's positional `?` by [`Sql::positional`].
     fn statements(table: &TableName) -> Statements {
-        statements(table)
+        let t = table.backticked_with("");
+        let claim = table.backticked_with("_claim");
+        let held = format!("`key` = $1 AND token = $2 AND NOT completed AND ends_at > {NOW_MS}");
+        Statements {
+            claim: vec![Sql::positional(&format!("CALL {claim}($1, $2, $3, $4)"))],
+            // Also matches the record this token completed (a repeat), which keeps its values.
+            complete: Sql::positional(&format!(
+                "UPDATE {t} SET payload = IF(completed, payload, $3),
+                    ends_at = IF(completed, ends_at, {NOW_MS} + $4),
+                    completed = TRUE
+                 WHERE `key` = $1 AND token = $2 AND ends_at > {NOW_MS}"
+            )),
+            release: Sql::positional(&format!("DELETE FROM {t} WHERE {held}")),
+            exists: Sql::positional(&format!("SELECT 1 FROM {t} WHERE `key` = $1")),
+            extend: Sql::positional(&format!(
+                "UPDATE {t} SET ends_at = {NOW_MS} + $3 WHERE {held}"
+            )),
+            get: Sql::positional(&format!(
+                "SELECT completed, fingerprint, token, payload, ends_at - {NOW_MS} AS remaining_ms
+                 FROM {t} WHERE `key` = $1 AND ends_at > {NOW_MS}"
+            )),
+            delete: Sql::positional(&format!(
+                "DELETE FROM {t} WHERE `key` = $1 AND ends_at > {NOW_MS}"
+            )),
+            purge: Sql::positional(&format!(
+                "DELETE FROM {t} WHERE ends_at <= {NOW_MS} ORDER BY ends_at LIMIT $1"
+            )),
+        }
     }
 
     fn migration(table: &TableName) -> Migration {
@@ -95,7 +122,32 @@ impl Dialect for MySql {
                 "SELECT CAST(COALESCE(MAX(version), 0) AS SIGNED) FROM {versions}"
             ),
             record_version: format!("INSERT IGNORE INTO {versions} (version) VALUES ({{version}})"),
-            steps: migration_steps(table),
+            // The schema, one version at a time: each entry brings the table from the
+            // previous version to this one. Never edit a released step; add the next.
+            steps: {
+                let t = table.backticked_with("");
+                let ends_at = table.backticked_with("_ends_at");
+                let claim = table.backticked_with("_claim");
+                let version_1 = vec![
+                        // `key` is `scope/id` as bytes (1281 = 256 + 1 + 1024), so NUL, control
+                        // characters, case and normalisation all stay distinct. `ends_at`: lease end
+                        // or expiry, milliseconds since the Unix epoch on the server's clock.
+                        format!(
+                            "CREATE TABLE IF NOT EXISTS {t} (
+                                `key` VARBINARY(1281) NOT NULL PRIMARY KEY,
+                                fingerprint VARBINARY(16) NOT NULL,
+                                token BIGINT NOT NULL,
+                                completed BOOLEAN NOT NULL,
+                                payload LONGBLOB,
+                                ends_at BIGINT NOT NULL,
+                                INDEX {ends_at} (ends_at)
+                            ) ENGINE = InnoDB
+                              COMMENT = 'idempotency records of idem: one row per key, an in-progress claim or a stored result'"
+                        ),
+                        claim_procedure(&t, &claim),
+                ];
+                vec![(1, version_1)]
+            },
         }
     }
 
@@ -123,35 +175,12 @@ impl Dialect for MySql {
         done.rows_affected()
     }
 
-    fn prepare(options: MySqlConnectOptions, _: &()) -> MySqlConnectOptions {
-        options
-    }
-
-    fn describe(options: &MySqlConnectOptions) -> String {
-        format!(
-            "mysql at {}:{} (database `{}`)",
-            options.get_host(),
-            options.get_port(),
-            options.get_database().unwrap_or("default")
-        )
-    }
-
-    async fn claim(
-        store: &MySqlStore,
-        key: &Key,
-        fingerprint: &Fingerprint,
-        token: Token,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
+    async fn claim(store: &MySqlStore, request: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let ClaimRequest { key, token, .. } = request;
         let err = |e| store.error(e);
         let mine = token_to_db(token);
         for attempt in 1..=CLAIM_ATTEMPTS {
-            let args = vec![
-                MySql::key(key),
-                Arg::Bytes(fingerprint.as_bytes().to_vec()),
-                Arg::Int(millis(lease)),
-                Arg::Int(mine),
-            ];
+            let args = request.args::<MySql>();
             let row = MySql::fetch_optional(store.pool(), &store.statements().claim[0], args)
                 .await
                 .map_err(err)?;
@@ -193,41 +222,8 @@ impl Dialect for MySql {
             // or its lease ended just then): claim again.
             tracing::debug!(target: "idem", key = %key, attempt, "claim raced a concurrent step; running it again");
         }
-        Err(StoreError::Backend {
-            backend: Self::BACKEND,
-            source: Box::new(NoAnswer {
-                attempts: CLAIM_ATTEMPTS,
-            }),
-        })
+        Err(NoAnswer::error(Self::BACKEND))
     }
-}
-
-/// The schema, one version at a time. Never edit a released step; add the next.
-fn migration_steps(table: &TableName) -> Vec<(i64, Vec<String>)> {
-    let t = table.backticked_with("");
-    let ends_at = table.backticked_with("_ends_at");
-    let claim = table.backticked_with("_claim");
-    vec![(
-        1,
-        vec![
-            // `key` is `scope/id` as bytes (1281 = 256 + 1 + 1024), so NUL, control
-            // characters, case and normalisation all stay distinct. `ends_at`: lease end
-            // or expiry, milliseconds since the Unix epoch on the server's clock.
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t} (
-                    `key` VARBINARY(1281) NOT NULL PRIMARY KEY,
-                    fingerprint VARBINARY(16) NOT NULL,
-                    token BIGINT NOT NULL,
-                    completed BOOLEAN NOT NULL,
-                    payload LONGBLOB,
-                    ends_at BIGINT NOT NULL,
-                    INDEX {ends_at} (ends_at)
-                ) ENGINE = InnoDB
-                  COMMENT = 'idempotency records of idem: one row per key, an in-progress claim or a stored result'"
-            ),
-            claim_procedure(&t, &claim),
-        ],
-    )]
 }
 
 /// The claim, one `CALL` and one round trip: arguments key, fingerprint, lease in
@@ -274,37 +270,4 @@ fn claim_procedure(t: &str, name: &str) -> String {
             FROM {t} WHERE `key` = k;
         END"
     )
-}
-
-/// The statements of one table. Parameters are numbered in the order the store binds them
-/// and turned into MySQL's positional `?` by [`Sql::positional`].
-fn statements(table: &TableName) -> Statements {
-    let t = table.backticked_with("");
-    let claim = table.backticked_with("_claim");
-    let held = format!("`key` = $1 AND token = $2 AND NOT completed AND ends_at > {NOW_MS}");
-    Statements {
-        claim: vec![Sql::positional(&format!("CALL {claim}($1, $2, $3, $4)"))],
-        // Also matches the record this token completed (a repeat), which keeps its values.
-        complete: Sql::positional(&format!(
-            "UPDATE {t} SET payload = IF(completed, payload, $3),
-                ends_at = IF(completed, ends_at, {NOW_MS} + $4),
-                completed = TRUE
-             WHERE `key` = $1 AND token = $2 AND ends_at > {NOW_MS}"
-        )),
-        release: Sql::positional(&format!("DELETE FROM {t} WHERE {held}")),
-        exists: Sql::positional(&format!("SELECT 1 FROM {t} WHERE `key` = $1")),
-        extend: Sql::positional(&format!(
-            "UPDATE {t} SET ends_at = {NOW_MS} + $3 WHERE {held}"
-        )),
-        get: Sql::positional(&format!(
-            "SELECT completed, fingerprint, token, payload, ends_at - {NOW_MS} AS remaining_ms
-             FROM {t} WHERE `key` = $1 AND ends_at > {NOW_MS}"
-        )),
-        delete: Sql::positional(&format!(
-            "DELETE FROM {t} WHERE `key` = $1 AND ends_at > {NOW_MS}"
-        )),
-        purge: Sql::positional(&format!(
-            "DELETE FROM {t} WHERE ends_at <= {NOW_MS} ORDER BY ends_at LIMIT $1"
-        )),
-    }
 }

@@ -10,17 +10,15 @@
 //! cannot hold NUL, and every key `Key::new` accepts must work here.
 
 use std::borrow::Cow;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::{Claim, Fingerprint, Key, StoreError, Token};
-use sqlx::postgres::{PgConnectOptions, PgQueryResult};
+use idem_core::{Claim, Key, StoreError};
+use sqlx::postgres::PgQueryResult;
 pub use sqlx::Postgres;
 
-use super::dialect::{Arg, Dialect, Migration, Sql, Statements};
+use super::dialect::{Arg, ClaimRequest, Dialect, Migration, Sql, Statements};
 use super::{
-    millis, token_from_db, token_to_db, DbErrorKind, NoAnswer, SqlStore, SqlStoreBuilder,
-    TableName, CLAIM_ATTEMPTS,
+    token_from_db, DbErrorKind, NoAnswer, SqlStore, SqlStoreBuilder, TableName, CLAIM_ATTEMPTS,
 };
 pub use super::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT};
 
@@ -47,11 +45,9 @@ pub const SCHEMA_VERSION: i32 = 1;
 /// ```
 pub type PostgresStore = SqlStore<Postgres>;
 
-/// Options of a [`PostgresStore`] that opens its own pool: the generic
-/// [`SqlStoreBuilder`] in the Postgres dialect.
+/// Options of a [`PostgresStore`] that opens its own pool (the generic [`SqlStoreBuilder`]);
+/// its table may be schema-qualified: `.table("billing.idem_records")`.
 pub type PostgresStoreBuilder = SqlStoreBuilder<Postgres>;
-
-impl super::dialect::Sealed for Postgres {}
 
 #[async_trait]
 impl Dialect for Postgres {
@@ -61,7 +57,37 @@ impl Dialect for Postgres {
     type Settings = ();
 
     fn statements(table: &TableName) -> Statements {
-        statements(table)
+        let t = table.quoted();
+        // Only the holder of the current token, while its lease runs, may touch a claim.
+        let held = "key = $1 AND token = $2 AND NOT completed AND ends_at > now()";
+        Statements {
+            claim: vec![Sql::numbered(claim_sql(&t))],
+            // Also matches the record this token completed (a repeat), which it rewrites
+            // with its own values: one statement, and a repeat that waited on the row lock
+            // of its original still finds the completed row.
+            complete: Sql::numbered(format!(
+                "UPDATE {t} SET completed = true,
+                    payload = CASE WHEN completed THEN payload ELSE $3 END,
+                    ends_at = CASE WHEN completed THEN ends_at
+                                   ELSE clock_timestamp() + $4 * interval '1 millisecond' END
+                 WHERE key = $1 AND token = $2 AND ends_at > now()"
+            )),
+            release: Sql::numbered(format!("DELETE FROM {t} WHERE {held}")),
+            exists: Sql::numbered(format!("SELECT 1 FROM {t} WHERE key = $1")),
+            extend: Sql::numbered(format!(
+                "UPDATE {t} SET ends_at = clock_timestamp() + $3 * interval '1 millisecond' WHERE {held}"
+            )),
+            get: Sql::numbered(format!(
+                "SELECT completed, fingerprint, token, payload, {REMAINING_MS} AS remaining_ms
+                 FROM {t} WHERE key = $1 AND ends_at > now()"
+            )),
+            delete: Sql::numbered(format!("DELETE FROM {t} WHERE key = $1 AND ends_at > now()")),
+            purge: Sql::numbered(format!(
+                "DELETE FROM {t} WHERE key IN (
+                    SELECT key FROM {t} WHERE ends_at <= now() LIMIT $1 FOR UPDATE SKIP LOCKED
+                 ) AND ends_at <= now()"
+            )),
+        }
     }
 
     fn migration(table: &TableName) -> Migration {
@@ -85,7 +111,35 @@ impl Dialect for Postgres {
             ),
             current_version: format!("SELECT coalesce(max(version), 0)::int8 FROM {versions}"),
             record_version: format!("INSERT INTO {versions} (version) VALUES ({{version}})"),
-            steps: migration_steps(table),
+            // The schema, one version at a time: each entry brings the table from the
+            // previous version to this one. Never edit a released step; add the next.
+            steps: {
+                let t = table.quoted();
+                let version_1 = vec![
+                        // `key` is `scope/id`, compared byte for byte ("C"), so keys that differ only in
+                        // case or normalisation stay apart and lookups skip locale rules.
+                        format!(
+                            "CREATE TABLE IF NOT EXISTS {t} (
+                                key text COLLATE \"C\" PRIMARY KEY,
+                                fingerprint bytea NOT NULL,
+                                token bigint NOT NULL,
+                                completed boolean NOT NULL,
+                                payload bytea,
+                                ends_at timestamptz NOT NULL
+                            )"
+                        ),
+                        // For purge_expired.
+                        format!("CREATE INDEX IF NOT EXISTS {} ON {t} (ends_at)", table.bare_with("_ends_at")),
+                        // No token sequence: claims bring their own token (`Store::claim`). A table made
+                        // by an earlier build of this step has an unused `<table>_token_seq`, left alone;
+                        // the table itself is the same, so both are schema version 1.
+                        format!(
+                            "COMMENT ON TABLE {t} IS 'idempotency records of idem: one row per key, an in-progress claim \
+                             (completed = false, ends_at = lease end) or a stored result (ends_at = expiry)'"
+                        ),
+                ];
+                vec![(1, version_1)]
+            },
         }
     }
 
@@ -111,34 +165,11 @@ impl Dialect for Postgres {
         done.rows_affected()
     }
 
-    fn prepare(options: PgConnectOptions, _: &()) -> PgConnectOptions {
-        options
-    }
-
-    fn describe(options: &PgConnectOptions) -> String {
-        format!(
-            "postgres at {}:{} (database `{}`)",
-            options.get_host(),
-            options.get_port(),
-            options.get_database().unwrap_or("default")
-        )
-    }
-
-    async fn claim(
-        store: &PostgresStore,
-        key: &Key,
-        fingerprint: &Fingerprint,
-        token: Token,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
+    async fn claim(store: &PostgresStore, request: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let ClaimRequest { key, token: _, .. } = request;
         let err = |e| store.error(e);
         for attempt in 1..=CLAIM_ATTEMPTS {
-            let args = vec![
-                Postgres::key(key),
-                Arg::Bytes(fingerprint.as_bytes().to_vec()),
-                Arg::Int(millis(lease)),
-                Arg::Int(token_to_db(token)),
-            ];
+            let args = request.args::<Postgres>();
             let row = <Postgres as super::dialect::Driver>::fetch_optional(
                 store.pool(),
                 &store.statements().claim[0],
@@ -159,45 +190,8 @@ impl Dialect for Postgres {
             }
             return store.live_row(&row, state == 2)?.into_claim(Self::BACKEND);
         }
-        Err(StoreError::Backend {
-            backend: Self::BACKEND,
-            source: Box::new(NoAnswer {
-                attempts: CLAIM_ATTEMPTS,
-            }),
-        })
+        Err(NoAnswer::error(Self::BACKEND))
     }
-}
-
-/// The schema, one version at a time: each entry's statements bring the table from the
-/// previous version to this one. Never edit a released step; add the next.
-fn migration_steps(table: &TableName) -> Vec<(i64, Vec<String>)> {
-    let t = table.quoted();
-    vec![(
-        1,
-        vec![
-            // `key` is `scope/id`, compared byte for byte ("C"), so keys that differ only in
-            // case or normalisation stay apart and lookups skip locale rules.
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t} (
-                    key text COLLATE \"C\" PRIMARY KEY,
-                    fingerprint bytea NOT NULL,
-                    token bigint NOT NULL,
-                    completed boolean NOT NULL,
-                    payload bytea,
-                    ends_at timestamptz NOT NULL
-                )"
-            ),
-            // For purge_expired.
-            format!("CREATE INDEX IF NOT EXISTS {} ON {t} (ends_at)", table.bare_with("_ends_at")),
-            // No token sequence: claims bring their own token (`Store::claim`). A table made
-            // by an earlier build of this step has an unused `<table>_token_seq`, left alone;
-            // the table itself is the same, so both are schema version 1.
-            format!(
-                "COMMENT ON TABLE {t} IS 'idempotency records of idem: one row per key, an in-progress claim \
-                 (completed = false, ends_at = lease end) or a stored result (ends_at = expiry)'"
-            ),
-        ],
-    )]
 }
 
 /// The key column's value for `key`: `scope/id` with `%` written `%25` and NUL written
@@ -264,40 +258,6 @@ fn claim_sql(t: &str) -> String {
 
 /// Milliseconds until `ends_at`, rounded up, as the database sees it.
 const REMAINING_MS: &str = "ceil(extract(epoch FROM ends_at - now()) * 1000)::int8";
-
-fn statements(table: &TableName) -> Statements {
-    let t = table.quoted();
-    // Only the holder of the current token, while its lease runs, may touch a claim.
-    let held = "key = $1 AND token = $2 AND NOT completed AND ends_at > now()";
-    Statements {
-        claim: vec![Sql::numbered(claim_sql(&t))],
-        // Also matches the record this token completed (a repeat), which it rewrites
-        // with its own values: one statement, and a repeat that waited on the row lock
-        // of its original still finds the completed row.
-        complete: Sql::numbered(format!(
-            "UPDATE {t} SET completed = true,
-                payload = CASE WHEN completed THEN payload ELSE $3 END,
-                ends_at = CASE WHEN completed THEN ends_at
-                               ELSE clock_timestamp() + $4 * interval '1 millisecond' END
-             WHERE key = $1 AND token = $2 AND ends_at > now()"
-        )),
-        release: Sql::numbered(format!("DELETE FROM {t} WHERE {held}")),
-        exists: Sql::numbered(format!("SELECT 1 FROM {t} WHERE key = $1")),
-        extend: Sql::numbered(format!(
-            "UPDATE {t} SET ends_at = clock_timestamp() + $3 * interval '1 millisecond' WHERE {held}"
-        )),
-        get: Sql::numbered(format!(
-            "SELECT completed, fingerprint, token, payload, {REMAINING_MS} AS remaining_ms
-             FROM {t} WHERE key = $1 AND ends_at > now()"
-        )),
-        delete: Sql::numbered(format!("DELETE FROM {t} WHERE key = $1 AND ends_at > now()")),
-        purge: Sql::numbered(format!(
-            "DELETE FROM {t} WHERE key IN (
-                SELECT key FROM {t} WHERE ends_at <= now() LIMIT $1 FOR UPDATE SKIP LOCKED
-             ) AND ends_at <= now()"
-        )),
-    }
-}
 
 #[cfg(test)]
 mod tests {

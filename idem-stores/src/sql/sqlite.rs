@@ -11,14 +11,14 @@ use std::path::Path;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem_core::{Claim, Error, Fingerprint, Key, StoreError, Token};
+use idem_core::{Claim, Error, Key, StoreError};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteQueryResult};
 pub use sqlx::Sqlite;
 
-use super::dialect::{Arg, Col, Dialect, Driver, Migration, Sql, Statements};
+use super::dialect::{Arg, ClaimRequest, Col, Dialect, Driver, Migration, Sql, Statements};
 use super::{
-    millis, token_from_db, token_to_db, DbErrorKind, NoAnswer, SqlStore, SqlStoreBuilder,
-    TableName, CLAIM_ATTEMPTS,
+    token_from_db, token_to_db, DbErrorKind, NoAnswer, SqlStore, SqlStoreBuilder, TableName,
+    CLAIM_ATTEMPTS,
 };
 pub use super::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT};
 
@@ -96,17 +96,52 @@ impl SqlStore<Sqlite> {
     }
 }
 
-impl super::dialect::Sealed for Sqlite {}
-
 #[async_trait]
 impl Dialect for Sqlite {
     const BACKEND: &'static str = "sqlite";
     const STORE: &'static str = "SqliteStore";
-    const SCHEMA_QUALIFIED: bool = false;
     type Settings = SqliteSettings;
 
+    /// The statements of one table. The claim is two: `read`, the record under `?1` with
+    /// whether it is live (the first step of a claim, and all of a replay); and `take`, which
+    /// inserts an in-progress record under `?1` (fingerprint `?2`, lease `?3` ms, the caller's
+    /// token `?4`) or takes over an ended one, and answers the token, or no row when a live
+    /// record is there.
     fn statements(table: &TableName) -> Statements {
-        statements(table)
+        let t = table.quoted();
+        let held = format!("key = ?1 AND token = ?2 AND completed = 0 AND ends_at > {NOW_MS}");
+        let columns =
+            format!("completed, fingerprint, token, payload, ends_at - {NOW_MS} AS remaining_ms");
+        Statements {
+            claim: vec![
+                Sql::numbered(format!("SELECT {columns}, ends_at > {NOW_MS} AS live FROM {t} WHERE key = ?1")),
+                Sql::numbered(format!(
+                    "INSERT INTO {t} (key, fingerprint, token, completed, payload, ends_at)
+                     VALUES (?1, ?2, ?4, 0, NULL, {NOW_MS} + ?3)
+                     ON CONFLICT (key) DO UPDATE
+                        SET fingerprint = excluded.fingerprint, token = excluded.token, completed = 0,
+                            payload = NULL, ends_at = excluded.ends_at
+                        WHERE {t}.ends_at <= {NOW_MS}
+                     RETURNING token"
+                )),
+            ],
+            // Also matches the record this token completed (a repeat), which it rewrites with
+            // its own values, so the repeat answers like the first and changes nothing.
+            complete: Sql::numbered(format!(
+                "UPDATE {t} SET completed = 1,
+                    payload = CASE WHEN completed = 1 THEN payload ELSE ?3 END,
+                    ends_at = CASE WHEN completed = 1 THEN ends_at ELSE {NOW_MS} + ?4 END
+                 WHERE key = ?1 AND token = ?2 AND ends_at > {NOW_MS}"
+            )),
+            release: Sql::numbered(format!("DELETE FROM {t} WHERE {held}")),
+            exists: Sql::numbered(format!("SELECT 1 FROM {t} WHERE key = ?1")),
+            extend: Sql::numbered(format!("UPDATE {t} SET ends_at = {NOW_MS} + ?3 WHERE {held}")),
+            get: Sql::numbered(format!("SELECT {columns} FROM {t} WHERE key = ?1 AND ends_at > {NOW_MS}")),
+            delete: Sql::numbered(format!("DELETE FROM {t} WHERE key = ?1 AND ends_at > {NOW_MS}")),
+            purge: Sql::numbered(format!(
+                "DELETE FROM {t} WHERE rowid IN (SELECT rowid FROM {t} WHERE ends_at <= {NOW_MS} LIMIT ?1)"
+            )),
+        }
     }
 
     fn migration(table: &TableName) -> Migration {
@@ -126,7 +161,30 @@ impl Dialect for Sqlite {
             record_version: format!(
                 "INSERT INTO {versions} (version, migrated_at) VALUES ({{version}}, {NOW_MS})"
             ),
-            steps: migration_steps(table),
+            // The schema, one version at a time: each entry brings the table from the
+            // previous version to this one. Never edit a released step; add the next.
+            steps: {
+                let t = table.quoted();
+                let version_1 = vec![
+                    // `ends_at`: lease end or expiry, milliseconds since the Unix epoch on SQLite's
+                    // clock. `key` compares byte for byte (SQLite's default BINARY collation).
+                    format!(
+                        "CREATE TABLE IF NOT EXISTS {t} (
+                                key TEXT PRIMARY KEY NOT NULL,
+                                fingerprint BLOB NOT NULL,
+                                token INTEGER NOT NULL,
+                                completed INTEGER NOT NULL,
+                                payload BLOB,
+                                ends_at INTEGER NOT NULL
+                            )"
+                    ),
+                    format!(
+                        "CREATE INDEX IF NOT EXISTS {} ON {t} (ends_at)",
+                        table.bare_with("_ends_at")
+                    ),
+                ];
+                vec![(1, version_1)]
+            },
         }
     }
 
@@ -192,13 +250,8 @@ impl Dialect for Sqlite {
         }
     }
 
-    async fn claim(
-        store: &SqliteStore,
-        key: &Key,
-        fingerprint: &Fingerprint,
-        token: Token,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
+    async fn claim(store: &SqliteStore, request: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let ClaimRequest { key, token, .. } = request;
         let err = |e| store.error(e);
         let [read, take] = &store.statements().claim[..] else {
             unreachable!("the sqlite claim is a read and a take")
@@ -224,12 +277,7 @@ impl Dialect for Sqlite {
                 }
                 recovered = !completed;
             }
-            let args = vec![
-                Sqlite::key(key),
-                Arg::Bytes(fingerprint.as_bytes().to_vec()),
-                Arg::Int(millis(lease)),
-                Arg::Int(token_to_db(token)),
-            ];
+            let args = request.args::<Sqlite>();
             let taken = Sqlite::fetch_optional(store.pool(), take, args)
                 .await
                 .map_err(err)?;
@@ -245,78 +293,6 @@ impl Dialect for Sqlite {
                 }
             }
         }
-        Err(StoreError::Backend {
-            backend: Self::BACKEND,
-            source: Box::new(NoAnswer {
-                attempts: CLAIM_ATTEMPTS,
-            }),
-        })
-    }
-}
-
-fn migration_steps(table: &TableName) -> Vec<(i64, Vec<String>)> {
-    let t = table.quoted();
-    vec![(
-        1,
-        vec![
-            // `ends_at`: lease end or expiry, milliseconds since the Unix epoch on SQLite's
-            // clock. `key` compares byte for byte (SQLite's default BINARY collation).
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t} (
-                    key TEXT PRIMARY KEY NOT NULL,
-                    fingerprint BLOB NOT NULL,
-                    token INTEGER NOT NULL,
-                    completed INTEGER NOT NULL,
-                    payload BLOB,
-                    ends_at INTEGER NOT NULL
-                )"
-            ),
-            format!(
-                "CREATE INDEX IF NOT EXISTS {} ON {t} (ends_at)",
-                table.bare_with("_ends_at")
-            ),
-        ],
-    )]
-}
-
-/// The statements of one table. The claim is two: `read`, the record under `?1` with
-/// whether it is live (the first step of a claim, and all of a replay); and `take`, which
-/// inserts an in-progress record under `?1` (fingerprint `?2`, lease `?3` ms, the caller's
-/// token `?4`) or takes over an ended one, and answers the token, or no row when a live
-/// record is there.
-fn statements(table: &TableName) -> Statements {
-    let t = table.quoted();
-    let held = format!("key = ?1 AND token = ?2 AND completed = 0 AND ends_at > {NOW_MS}");
-    let columns =
-        format!("completed, fingerprint, token, payload, ends_at - {NOW_MS} AS remaining_ms");
-    Statements {
-        claim: vec![
-            Sql::numbered(format!("SELECT {columns}, ends_at > {NOW_MS} AS live FROM {t} WHERE key = ?1")),
-            Sql::numbered(format!(
-                "INSERT INTO {t} (key, fingerprint, token, completed, payload, ends_at)
-                 VALUES (?1, ?2, ?4, 0, NULL, {NOW_MS} + ?3)
-                 ON CONFLICT (key) DO UPDATE
-                    SET fingerprint = excluded.fingerprint, token = excluded.token, completed = 0,
-                        payload = NULL, ends_at = excluded.ends_at
-                    WHERE {t}.ends_at <= {NOW_MS}
-                 RETURNING token"
-            )),
-        ],
-        // Also matches the record this token completed (a repeat), which it rewrites with
-        // its own values, so the repeat answers like the first and changes nothing.
-        complete: Sql::numbered(format!(
-            "UPDATE {t} SET completed = 1,
-                payload = CASE WHEN completed = 1 THEN payload ELSE ?3 END,
-                ends_at = CASE WHEN completed = 1 THEN ends_at ELSE {NOW_MS} + ?4 END
-             WHERE key = ?1 AND token = ?2 AND ends_at > {NOW_MS}"
-        )),
-        release: Sql::numbered(format!("DELETE FROM {t} WHERE {held}")),
-        exists: Sql::numbered(format!("SELECT 1 FROM {t} WHERE key = ?1")),
-        extend: Sql::numbered(format!("UPDATE {t} SET ends_at = {NOW_MS} + ?3 WHERE {held}")),
-        get: Sql::numbered(format!("SELECT {columns} FROM {t} WHERE key = ?1 AND ends_at > {NOW_MS}")),
-        delete: Sql::numbered(format!("DELETE FROM {t} WHERE key = ?1 AND ends_at > {NOW_MS}")),
-        purge: Sql::numbered(format!(
-            "DELETE FROM {t} WHERE rowid IN (SELECT rowid FROM {t} WHERE ends_at <= {NOW_MS} LIMIT ?1)"
-        )),
+        Err(NoAnswer::error(Self::BACKEND))
     }
 }

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use idem_core::{Capabilities, Claim, Error, Fingerprint, Key, Record, Store, StoreError, Token};
 
-use super::dialect::{Arg, Col, Dialect, Sql, Statements};
+use super::dialect::{Arg, ClaimRequest, Col, Dialect, Sql, Statements};
 use super::{millis, store_error, token_to_db, LiveRow, TableName, DEFAULT_TABLE};
 
 /// Idempotency records in one SQL table (default `idem_records`) on a sqlx pool: the
@@ -239,7 +239,13 @@ impl<D: Dialect> Store for SqlStore<D> {
         token: Token,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
-        D::claim(self, key, fingerprint, token, lease).await
+        let request = ClaimRequest {
+            key,
+            fingerprint,
+            token,
+            lease,
+        };
+        D::claim(self, request).await
     }
 
     async fn complete(

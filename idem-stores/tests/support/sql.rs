@@ -8,6 +8,9 @@
 //! needs alive, e.g. a temporary directory). `url` yields `Option<(url, guard)>` for the
 //! store's own `connect`. The raw SQL here is what all three dialects read alike.
 
+// Each test crate that includes this module uses a part of the helpers below.
+#![allow(dead_code)]
+
 #[macro_export]
 macro_rules! sql_store_tests {
     ($store:ty, fresh = $fresh:expr, url = $url:expr $(,)?) => {
@@ -69,6 +72,54 @@ macro_rules! sql_store_tests {
                 .await
                 .unwrap();
                 assert_eq!(versions, vec![1], "one version row however often migrate ran");
+            }
+
+            /// Two engines on two pools share one table: 300 calls over 30 keys, one run
+            /// per key, one answer per key.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn two_pools_on_one_table_run_each_key_once() {
+                use std::collections::HashMap;
+                use std::sync::Arc;
+                let Some((a, _guard)) = $fresh.await else { return };
+                a.migrate().await.unwrap();
+                // A second pool with the first one's options: the same database (or file).
+                let options = (*a.pool().connect_options()).clone();
+                let b = <$store>::new(sqlx::pool::PoolOptions::new().connect_lazy_with(options))
+                    .with_table(&a.table())
+                    .unwrap();
+                let engines = [a, b].map(|s| {
+                    Idem::builder()
+                        .store(s)
+                        .in_progress(idem_core::InProgress::Wait)
+                        .wait_timeout(Duration::from_secs(30))
+                        .build()
+                        .unwrap()
+                });
+                const KEYS: usize = 30;
+                let runs: Arc<Vec<AtomicU64>> =
+                    Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
+                let mut tasks = Vec::new();
+                for i in 0..KEYS * 10 {
+                    let (idem, runs, k) = (engines[i % 2].clone(), runs.clone(), i % KEYS);
+                    tasks.push(tokio::spawn(async move {
+                        let v: usize = idem
+                            .run(key(&format!("k{k}")), Fingerprint::of(&k), || async move {
+                                runs[k].fetch_add(1, Ordering::SeqCst);
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                                i
+                            })
+                            .await
+                            .unwrap();
+                        (k, v)
+                    }));
+                }
+                let mut answers: HashMap<usize, usize> = HashMap::new();
+                for t in tasks {
+                    let (k, v) = t.await.unwrap();
+                    assert_eq!(*answers.entry(k).or_insert(v), v, "key {k} answered two values");
+                }
+                let runs: Vec<u64> = runs.iter().map(|n| n.load(Ordering::SeqCst)).collect();
+                assert_eq!(runs, vec![1; KEYS], "executions per key across both engines");
             }
 
             #[tokio::test]
@@ -200,4 +251,161 @@ macro_rules! sql_store_tests {
             }
         }
     };
+}
+
+use std::time::Duration;
+
+use idem_core::{Bytes, Claim, Fingerprint, Key, Record, Store, Token};
+
+/// Ids a SQL store must keep apart and never splice: quotes, wildcards, placeholders, a
+/// statement, NUL, case, trailing space, unicode, 1 KiB.
+pub fn awkward_ids() -> Vec<String> {
+    let mut ids: Vec<String> = [
+        "it's",
+        "\"quoted\"",
+        "`tick`",
+        "100%",
+        "%",
+        "_",
+        "?",
+        "$1",
+        "a%00b",
+        "a\0b",
+        "\0",
+        "a",
+        "a ",
+        "A",
+        "ünïcödé 🦀",
+        "Ünïcödé 🦀",
+        "'; DROP TABLE idem_records; --",
+    ]
+    .map(String::from)
+    .to_vec();
+    ids.push("k".repeat(1024));
+    ids
+}
+
+/// Claims and completes `scope/id` for each id, with the id as its payload, then reads
+/// each back: every key reached a record of its own.
+pub async fn complete_each(store: &dyn Store, scope: &str, ids: &[String]) -> Vec<Key> {
+    let keys: Vec<Key> = ids.iter().map(|id| Key::new(scope, id).unwrap()).collect();
+    for (k, id) in keys.iter().zip(ids) {
+        complete(store, k, Bytes::from(id.clone())).await;
+    }
+    for (k, id) in keys.iter().zip(ids) {
+        match store.get(k).await.unwrap() {
+            Some(Record::Completed { payload, .. }) => {
+                assert_eq!(payload, Bytes::from(id.clone()), "{id:?}")
+            }
+            other => panic!("{id:?}: {other:?}"),
+        }
+    }
+    keys
+}
+
+/// Seconds since the Unix epoch: test tables and schemas are named with it, so that a run
+/// can drop what runs older than an hour left.
+pub fn unix_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+/// A table or schema name no other test, process or run uses: `idem_t_<secs>_<pid>_<n>`.
+pub fn fresh_name() -> String {
+    static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("idem_t_{}_{}_{n}", unix_secs(), std::process::id())
+}
+
+/// Whether `name`, made by [`fresh_name`], is from a run older than an hour: what a test
+/// drops on its way, so the test server does not fill up.
+pub fn is_stale(name: &str) -> bool {
+    let born: u64 = name
+        .split('_')
+        .nth(2)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    born + 3600 < unix_secs()
+}
+
+/// A pool of at most `max` connections on the test server, without a ping before each
+/// statement.
+pub async fn pool<DB: sqlx::Database>(url: &str, max: u32) -> sqlx::Pool<DB> {
+    sqlx::pool::PoolOptions::<DB>::new()
+        .max_connections(max)
+        .test_before_acquire(false)
+        .connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("connect to the test server: {e}"))
+}
+
+/// Claims `k` and completes it with `payload`.
+pub async fn complete(store: &dyn Store, k: &Key, payload: Bytes) {
+    let token = match store
+        .claim(
+            k,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap()
+    {
+        Claim::Acquired { token, .. } => token,
+        other => panic!("{k} not acquired: {other:?}"),
+    };
+    store
+        .complete(k, token, payload, Duration::from_secs(60))
+        .await
+        .unwrap();
+}
+
+/// A key with a stored result and a key with a live claim (30 s), in `scope`.
+pub async fn completed_and_held(store: &dyn Store, scope: &str) -> (Key, Key) {
+    let completed = Key::new(scope, "replay-reads").unwrap();
+    complete(store, &completed, Bytes::from_static(b"v")).await;
+    let held = Key::new(scope, "held-elsewhere").unwrap();
+    store
+        .claim(
+            &held,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    (completed, held)
+}
+
+/// A claim of `completed` (a stored result) and one of `held` (a live claim), each within
+/// `bound` while the test holds a lock on their rows: a claim that finds a live record
+/// reads and takes no lock.
+pub async fn claims_answer_without_waiting(
+    store: &dyn Store,
+    completed: &Key,
+    held: Option<&Key>,
+    bound: Duration,
+) {
+    let claim = |k: Key| async move {
+        tokio::time::timeout(
+            bound,
+            store.claim(
+                &k,
+                &Fingerprint::NONE,
+                Token::random(),
+                Duration::from_secs(30),
+            ),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("the claim of {k} waited for a lock"))
+        .unwrap()
+    };
+    let replay = claim(completed.clone()).await;
+    assert!(matches!(replay, Claim::Completed { .. }), "{replay:?}");
+    if let Some(held) = held {
+        let busy = claim(held.clone()).await;
+        assert!(matches!(busy, Claim::InProgress { .. }), "{busy:?}");
+    }
 }
