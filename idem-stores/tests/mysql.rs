@@ -7,9 +7,9 @@
 
 use std::time::Duration;
 
-use idem_core::{Bytes, Idem, Key, Record, Store};
+use idem_core::{Bytes, Key, Record, Store};
 use idem_stores::MySqlStore;
-use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::MySqlPool;
 
 /// The server, from `IDEM_TEST_MYSQL_URL` (skip or fail as `backend_url` says).
 fn url() -> Option<String> {
@@ -69,6 +69,7 @@ sql_store_tests!(
     MySqlStore,
     fresh = super::unmigrated(),
     url = async { super::url().map(|u| (u, ())) },
+    wire = wire::Protocol::MySql,
 );
 
 /// Keys are bound, never spliced, and stored as their bytes: NUL, case and trailing
@@ -95,36 +96,8 @@ async fn keys_are_bound_parameters_stored_as_their_bytes() {
     }
 }
 
-// ---- round trips, counted on the wire ------------------------------------------------
-
 #[path = "support/wire.rs"]
 mod wire;
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn round_trips_first_call_two_replay_one() {
-    let Some(url) = url() else { return };
-    let (proxy, through) = wire::Proxy::to_server_of(&url, wire::Protocol::MySql).await;
-    let table = fresh_table(&sql_suite::pool::<sqlx::MySql>(&url, 1).await).await;
-
-    // The store's own constructor, through the proxy; it creates the table.
-    let store = MySqlStore::builder()
-        .table(&table)
-        .connect(&through)
-        .await
-        .unwrap();
-    let pool = store.pool().clone();
-    let idem = Idem::new(store);
-    wire::assert_first_call_two_replay_one(&proxy, &idem, &pool, "a", "MySqlStore::connect").await;
-
-    let one = MySqlPoolOptions::new()
-        .max_connections(1)
-        .test_before_acquire(false)
-        .connect(&through)
-        .await
-        .unwrap();
-    let idem = Idem::new(MySqlStore::new(one.clone()).with_table(&table).unwrap());
-    wire::assert_one_exchange_per_step(&proxy, &idem, &one).await;
-}
 
 /// Payloads of 1 MiB and 8 MiB (under the default `max_allowed_packet` of 16 MiB) come
 /// back byte for byte.

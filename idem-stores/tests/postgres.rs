@@ -76,6 +76,7 @@ sql_store_tests!(
     PostgresStore,
     fresh = super::unmigrated(),
     url = async { super::url().map(|u| (u, ())) },
+    wire = wire::Protocol::Postgres,
 );
 
 fn key(id: &str) -> Key {
@@ -83,40 +84,19 @@ fn key(id: &str) -> Key {
 }
 
 // ---- round trips, counted on the wire ------------------------------------------------
+// (first call 2, replay 1: `round_trips_first_call_two_replay_one`, stamped above)
 
 #[path = "support/wire.rs"]
 mod wire;
 
+/// What a pool with sqlx's defaults costs: a ping before every statement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn round_trips_first_call_two_replay_one() {
+async fn a_pool_that_tests_before_acquire_pings_before_every_statement() {
     use wire::Exchange::{Ping, Statement};
-    let Some(url) = url() else { return };
+    let Some(store) = fresh().await else { return };
+    let url = url().unwrap();
     let (proxy, through) = wire::Proxy::to_server_of(&url, wire::Protocol::Postgres).await;
-    let schema = fresh_schema(&sql_suite::pool::<sqlx::Postgres>(&url, 1).await).await;
-    let table = format!("{schema}.idem_records");
-
-    // The store's own constructor, through the proxy (it creates the table). Its pool has
-    // several connections, each of which prepares a statement the first time it runs it.
-    let store = PostgresStore::builder()
-        .table(&table)
-        .connect(&through)
-        .await
-        .unwrap();
-    let pool = store.pool().clone();
-    let idem = Idem::new(store);
-    wire::assert_first_call_two_replay_one(&proxy, &idem, &pool, "a", "PostgresStore::connect")
-        .await;
-
-    let one = PgPoolOptions::new()
-        .max_connections(1)
-        .test_before_acquire(false)
-        .connect(&through)
-        .await
-        .unwrap();
-    let idem = Idem::new(PostgresStore::new(one.clone()).with_table(&table).unwrap());
-    wire::assert_one_exchange_per_step(&proxy, &idem, &one).await;
-
-    // What a pool with sqlx's defaults costs: a ping before every statement.
+    let table = store.table();
     let default_pool = PgPoolOptions::new()
         .max_connections(1)
         .connect(&through)

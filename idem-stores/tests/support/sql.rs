@@ -6,13 +6,49 @@
 //! `fresh` is an async expression yielding `Option<(store, guard)>`: a store on a pool of
 //! its own with a table no other test uses, NOT migrated (`guard` keeps what the store
 //! needs alive, e.g. a temporary directory). `url` yields `Option<(url, guard)>` for the
-//! store's own `connect`. The raw SQL here is what all three dialects read alike.
+//! store's own `connect`. With `wire = <wire::Protocol>` it also counts the round trips
+//! of a first call and a replay on the wire. The raw SQL here is what all three dialects
+//! read alike.
 
 // Each test crate that includes this module uses a part of the helpers below.
 #![allow(dead_code)]
 
 #[macro_export]
 macro_rules! sql_store_tests {
+    ($store:ty, fresh = $fresh:expr, url = $url:expr, wire = $protocol:expr $(,)?) => {
+        $crate::sql_store_tests!($store, fresh = $fresh, url = $url);
+
+        mod sql_store_wire {
+        #[allow(unused_imports)]
+        use super::*;
+
+        /// Round trips counted on the wire (the test crate declares `mod wire` from
+        /// `support/wire.rs`): the store's own constructor, then one warm connection.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn round_trips_first_call_two_replay_one() {
+            let Some((fresh, _guard)) = $fresh.await else { return };
+            let Some((url, _url_guard)) = $url.await else { return };
+            let (proxy, through) = wire::Proxy::to_server_of(&url, $protocol).await;
+            let table = format!("{}_w", fresh.table());
+            // Through the proxy (it creates the table). Its pool has several connections,
+            // each of which prepares a statement the first time it runs it.
+            let store = <$store>::builder().table(&table).connect(&through).await.unwrap();
+            let pool = store.pool().clone();
+            let what = stringify!($store);
+            let idem = idem_core::Idem::new(store);
+            wire::assert_first_call_two_replay_one(&proxy, &idem, &pool, "a", what).await;
+
+            let one = sqlx::pool::PoolOptions::new()
+                .max_connections(1)
+                .test_before_acquire(false)
+                .connect(&through)
+                .await
+                .unwrap();
+            let idem = idem_core::Idem::new(<$store>::new(one.clone()).with_table(&table).unwrap());
+            wire::assert_one_exchange_per_step(&proxy, &idem, &one).await;
+        }
+        }
+    };
     ($store:ty, fresh = $fresh:expr, url = $url:expr $(,)?) => {
         mod sql_store {
             use std::sync::atomic::{AtomicU64, Ordering};
