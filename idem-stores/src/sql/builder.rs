@@ -12,18 +12,6 @@ use super::{probe, SqlStore, DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, D
 /// Options of a SQL store that opens its own pool: how long to wait for the database, which
 /// table, and whether to create it. Use it by its dialect's name
 /// ([`PostgresStoreBuilder`](crate::PostgresStoreBuilder), ...).
-///
-/// ```no_run
-/// # use std::time::Duration;
-/// # async fn demo() -> Result<(), idem_core::Error> {
-/// let store = idem_stores::PostgresStore::builder()
-///     .connect_timeout(Duration::from_secs(2))
-///     .acquire_timeout(Duration::from_secs(1))
-///     .table("billing_idem")
-///     .connect("postgres://app@localhost/app")
-///     .await?;
-/// # let _ = store; Ok(()) }
-/// ```
 #[must_use]
 pub struct SqlStoreBuilder<D: Dialect> {
     acquire_timeout: Duration,

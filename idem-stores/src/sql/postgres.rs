@@ -47,6 +47,18 @@ pub type PostgresStore = SqlStore<Postgres>;
 
 /// Options of a [`PostgresStore`] that opens its own pool (the generic [`SqlStoreBuilder`]);
 /// its table may be schema-qualified: `.table("billing.idem_records")`.
+///
+/// ```no_run
+/// # use std::time::Duration;
+/// # async fn demo() -> Result<(), idem_core::Error> {
+/// let store = idem_stores::PostgresStore::builder()
+///     .connect_timeout(Duration::from_secs(2))
+///     .acquire_timeout(Duration::from_secs(1))
+///     .table("billing_idem")
+///     .connect("postgres://app@localhost/app")
+///     .await?;
+/// # let _ = store; Ok(()) }
+/// ```
 pub type PostgresStoreBuilder = SqlStoreBuilder<Postgres>;
 
 #[async_trait]
