@@ -15,6 +15,25 @@ ensure_postgres() {
   return 1
 }
 
+# MariaDB (the mysql store's tests): root with an empty password over TCP, database `test`.
+ensure_mysql() {
+  if mariadb-admin --protocol=tcp -h 127.0.0.1 -P 3306 -u root ping >/dev/null 2>&1; then
+    echo "mariadb: up"
+  else
+    echo "mariadb: down, starting it"
+    service mariadb start >/dev/null 2>&1 ||
+      start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd -- --user=mysql
+    local up=""
+    for _ in $(seq 1 30); do
+      mariadb-admin --protocol=tcp -h 127.0.0.1 -P 3306 -u root ping >/dev/null 2>&1 && { up=1; break; }
+      sleep 1
+    done
+    [ -n "$up" ] || { echo "mariadb: did not come up" >&2; return 1; }
+    echo "mariadb: up"
+  fi
+  mariadb --protocol=tcp -h 127.0.0.1 -P 3306 -u root -e "CREATE DATABASE IF NOT EXISTS test"
+}
+
 ensure_redis() {
   if redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; then
     echo "redis: up"

@@ -44,8 +44,8 @@
 //!
 //! ## Backends
 //!
-//! [`MemoryStore`] is always available. `sqlite`, `postgres`, `redis` and `redis-cluster`
-//! are cargo features; [`connect`] picks a store from a URL.
+//! [`MemoryStore`] is always available. `sqlite`, `postgres`, `mysql`, `redis` and
+//! `redis-cluster` are cargo features; [`connect`] picks a store from a URL.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -649,8 +649,9 @@ pub fn global() -> &'static Idem {
 }
 
 /// An engine with every default on the store a URL names (`memory://`, `sqlite://...`,
-/// `postgres://...`, `redis://...`, `redis+cluster://...`). A scheme whose cargo feature is
-/// off answers with an error that names the feature.
+/// `postgres://...`, `mysql://...`, `redis://...`, `redis+cluster://...`). A scheme whose
+/// cargo feature is off answers with an error that names the feature. A SQL store creates
+/// its table when it is missing, as the store's own `connect` does.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]

@@ -168,13 +168,25 @@ pub struct Capabilities {
     /// [`Store::wait`] returns as soon as a record completes or is released, instead of
     /// sleeping out its time (callers then poll with backoff).
     pub wakes_waiters: bool,
+    /// A claim that takes over an in-progress record whose lease ended answers
+    /// `Claim::Acquired { recovered: true }`: the store keeps an ended lease long enough to
+    /// tell a takeover from a fresh key. Without it, such a takeover answers
+    /// `recovered: false`, as for a key never used.
+    pub reports_recovery: bool,
 }
 
 impl Capabilities {
     /// No optional capability.
     pub const NONE: Capabilities = Capabilities {
         wakes_waiters: false,
+        reports_recovery: false,
     };
+
+    /// Sets [`Capabilities::reports_recovery`].
+    pub const fn with_reports_recovery(mut self, yes: bool) -> Self {
+        self.reports_recovery = yes;
+        self
+    }
 
     /// Sets [`Capabilities::wakes_waiters`].
     pub const fn with_wakes_waiters(mut self, yes: bool) -> Self {

@@ -283,7 +283,8 @@ pub async fn completed_record_outlives_its_lease(store: Arc<dyn Store>) {
     );
 }
 
-/// Once a lease ends, another claim takes the key over with its own token.
+/// Once a lease ends, another claim takes the key over with its own token, and says it
+/// recovered the key exactly when the store claims [`Capabilities::reports_recovery`].
 pub async fn lease_takeover_after_lease_ends(store: Arc<dyn Store>) {
     let k = key(&unique_scope("takeover"), "k");
     let t1 = acquire(&*store, &k, &fp(1), SHORT).await;
@@ -297,9 +298,11 @@ pub async fn lease_takeover_after_lease_ends(store: Arc<dyn Store>) {
         Claim::Acquired { token, recovered } => {
             assert_eq!(token, t2, "the successor holds the key under its own token");
             assert_ne!(token, t1);
-            // A store whose records vanish with their lease cannot tell; it must not lie
-            // the other way, though (checked in claim_fresh_key_is_acquired).
-            let _ = recovered;
+            assert_eq!(
+                recovered,
+                store.capabilities().reports_recovery,
+                "a takeover of an ended lease is `recovered` exactly when the store reports recovery"
+            );
         }
         other => panic!("expected a takeover, got {other:?}"),
     }
@@ -848,6 +851,32 @@ pub async fn engine_runs_once_and_replays(store: Arc<dyn Store>) {
     assert!(matches!(reuse, Err(Error::KeyReuse { .. })), "{reuse:?}");
 }
 
+/// Through the engine: a stored result that is not an idem record (a foreign writer, a
+/// damaged row) is `Error::Decode` naming the key, never a value and never a second run.
+pub async fn engine_undecodable_result_is_a_decode_error_naming_the_key(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("junk"), "k");
+    let t = acquire(&*store, &k, &fp(1), LONG).await;
+    store
+        .complete(&k, t, Bytes::from_static(b"not an envelope"), LONG)
+        .await
+        .unwrap();
+    let idem = Idem::builder().shared_store(store).build().unwrap();
+    let runs = AtomicU64::new(0);
+    let err = idem
+        .run(k.clone(), Fingerprint::NONE, || async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            1u8
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the body ran again");
+    assert!(
+        matches!(&err, Error::Decode { key, .. } if *key == k),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains(k.as_str()), "{err}");
+}
+
 /// Through the engine: 20 concurrent duplicates in wait mode, one execution, one value.
 pub async fn engine_concurrent_duplicates_wait_for_one_run(store: Arc<dyn Store>) {
     let idem = Idem::builder()
@@ -940,6 +969,7 @@ macro_rules! __conformance_behaviours {
             fingerprint_is_kept,
             wait_capability_is_honest,
             engine_runs_once_and_replays,
+            engine_undecodable_result_is_a_decode_error_naming_the_key,
             engine_concurrent_duplicates_wait_for_one_run,
         ]}
     };

@@ -7,8 +7,11 @@ use idem_core::{Error, Store};
 use crate::MemoryStore;
 
 /// Opens the store a URL names: `memory://`, `sqlite://path`, `postgres://...`,
-/// `redis://...` or `redis+cluster://host1,host2,...`. A scheme whose cargo feature is off
-/// answers with an error naming the feature to turn on.
+/// `mysql://...` (MySQL or MariaDB), `redis://...` or `redis+cluster://host1,host2,...`. A
+/// scheme whose cargo feature is off answers with an error naming the feature to turn on.
+///
+/// A SQL store opened here creates its table when it is missing, as its own `connect`
+/// does (see [`SqlStore`](crate::SqlStore) for the rule).
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -20,7 +23,7 @@ use crate::MemoryStore;
 /// ```
 pub async fn connect(url: &str) -> Result<Arc<dyn Store>, Error> {
     let scheme = url.split_once("://").map(|(s, _)| s).ok_or_else(|| Error::Connect {
-        message: format!("`{url}` is not a store URL: expected `scheme://...` (memory, sqlite, postgres, redis, redis+cluster)"),
+        message: format!("`{url}` is not a store URL: expected `scheme://...` (memory, sqlite, postgres, mysql, redis, redis+cluster)"),
         source: None,
     })?;
     match scheme {
@@ -34,37 +37,25 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Store>, Error> {
         "redis+cluster" | "rediss+cluster" => Ok(Arc::new(crate::redis::RedisStore::open(url).await?)),
         #[cfg(not(feature = "redis-cluster"))]
         "redis+cluster" | "rediss+cluster" => missing(url, "redis-cluster"),
+        // The SQL stores' own `connect` creates the table, as this one promises.
         #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => {
-            let store = crate::PostgresStore::connect(url).await?;
-            store.migrate().await.map_err(|e| set_up_failed("postgres", e))?;
-            Ok(Arc::new(store))
-        }
+        "postgres" | "postgresql" => Ok(Arc::new(crate::PostgresStore::connect(url).await?)),
         #[cfg(not(feature = "postgres"))]
         "postgres" | "postgresql" => missing(url, "postgres"),
+        #[cfg(feature = "mysql")]
+        "mysql" | "mariadb" => Ok(Arc::new(crate::MySqlStore::connect(url).await?)),
+        #[cfg(not(feature = "mysql"))]
+        "mysql" | "mariadb" => missing(url, "mysql"),
         #[cfg(feature = "sqlite")]
-        "sqlite" => {
-            let store = crate::SqliteStore::connect(url).await?;
-            store.migrate().await.map_err(|e| set_up_failed("sqlite", e))?;
-            Ok(Arc::new(store))
-        }
+        "sqlite" => Ok(Arc::new(crate::SqliteStore::connect(url).await?)),
         #[cfg(not(feature = "sqlite"))]
         "sqlite" => missing(url, "sqlite"),
         other => Err(Error::Connect {
             message: format!(
-                "unknown store URL scheme `{other}` in `{url}`: expected memory, sqlite, postgres, redis or redis+cluster"
+                "unknown store URL scheme `{other}` in `{url}`: expected memory, sqlite, postgres, mysql, redis or redis+cluster"
             ),
             source: None,
         }),
-    }
-}
-
-/// `connect` creates the SQL stores' tables; a failure there is a failure to connect.
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-fn set_up_failed(backend: &str, e: idem_core::StoreError) -> Error {
-    Error::Connect {
-        message: format!("the {backend} store could not create or migrate its table"),
-        source: Some(Box::new(e)),
     }
 }
 
@@ -77,4 +68,21 @@ fn missing(url: &str, feature: &str) -> Result<Arc<dyn Store>, Error> {
         ),
         source: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every scheme answers, with or without its feature: a store, or an error naming the
+    /// feature to turn on.
+    #[cfg(not(feature = "mysql"))]
+    #[tokio::test]
+    async fn mysql_without_its_feature_names_the_feature() {
+        for url in [
+            "mysql://root@127.0.0.1/test",
+            "mariadb://root@127.0.0.1/test",
+        ] {
+            let err = super::connect(url).await.unwrap_err().to_string();
+            assert!(err.contains("cargo feature `mysql`"), "{err}");
+        }
+    }
 }

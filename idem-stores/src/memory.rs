@@ -370,7 +370,9 @@ impl Store for MemoryStore {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::NONE.with_wakes_waiters(true)
+        Capabilities::NONE
+            .with_wakes_waiters(true)
+            .with_reports_recovery(true)
     }
 
     fn backend(&self) -> &'static str {

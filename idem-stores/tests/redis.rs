@@ -644,55 +644,20 @@ async fn many_processes_worth_of_callers_run_the_body_once() {
     );
 }
 
+/// The suite checks `recovered` against the capability (`lease_takeover_after_lease_ends`);
+/// here, that a store without a recovery window says it does not report recovery, and
+/// does not.
 #[tokio::test]
-async fn a_takeover_after_an_ended_lease_is_reported_as_recovered() {
-    let Some(store) = shared_store().await else {
+async fn without_a_recovery_window_a_takeover_is_not_reported_as_recovered() {
+    let Some(url) = backend_url(URL_VAR) else {
         return;
     };
-    let k = key(&unique_scope("redis-recovered"), "k");
-    let first = store
-        .claim(
-            &k,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_millis(200),
-        )
-        .await
-        .unwrap();
-    let Claim::Acquired {
-        token: t1,
-        recovered: false,
-    } = first
-    else {
-        panic!("{first:?}")
-    };
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    assert!(
-        store.get(&k).await.unwrap().is_none(),
-        "an ended lease is not a live record"
-    );
-    match store
-        .claim(
-            &k,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap()
-    {
-        Claim::Acquired { token, recovered } => {
-            assert!(recovered, "the store remembers the ended lease and says so");
-            assert_ne!(token, t1);
-        }
-        other => panic!("{other:?}"),
-    }
-    // With no recovery window the ended claim is simply gone.
     let forgetful = RedisStore::builder()
         .recovery_window(Duration::ZERO)
-        .open(&backend_url(URL_VAR).unwrap())
+        .open(&url)
         .await
         .unwrap();
+    assert!(!forgetful.capabilities().reports_recovery);
     let k = key(&unique_scope("redis-forgetful"), "k");
     forgetful
         .claim(

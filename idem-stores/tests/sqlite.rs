@@ -5,13 +5,13 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
 use idem_core::{
-    Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, StoreError, Token,
+    Capabilities, Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, StoreError,
+    Token,
 };
 use idem_stores::SqliteStore;
 use tempfile::TempDir;
@@ -55,6 +55,12 @@ impl Store for InTempDir {
     async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
         self.store.delete(key).await
     }
+    fn capabilities(&self) -> Capabilities {
+        self.store.capabilities()
+    }
+    fn backend(&self) -> &'static str {
+        self.store.backend()
+    }
 }
 
 static TABLES: AtomicU64 = AtomicU64::new(0);
@@ -74,55 +80,36 @@ async fn fresh() -> InTempDir {
 
 idem_core::conformance_tests!(sqlite, async { Some(super::fresh().await) });
 
-fn key(id: &str) -> Key {
-    Key::new("sqlite-tests", id).unwrap()
+#[macro_use]
+#[path = "support/sql.rs"]
+mod sql_suite;
+
+/// A store on a file of its own in a temporary directory (the guard), not migrated.
+async fn unmigrated() -> Option<(SqliteStore, TempDir)> {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::builder()
+        .migrate(false)
+        .open(dir.path().join("idem.db"))
+        .await
+        .unwrap();
+    Some((store, dir))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn many_tasks_on_two_pools_run_each_key_once() {
+/// A URL of a file in a temporary directory (the guard).
+async fn temporary_url() -> Option<(String, TempDir)> {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("idem.db");
-    let a = SqliteStore::open(&path).await.unwrap();
-    a.migrate().await.unwrap();
-    let b = SqliteStore::open(&path).await.unwrap();
-    let engines = [a, b].map(|s| {
-        Idem::builder()
-            .store(s)
-            .in_progress(InProgress::Wait)
-            .wait_timeout(Duration::from_secs(30))
-            .build()
-            .unwrap()
-    });
-    let runs: Arc<Vec<AtomicU64>> = Arc::new((0..20).map(|_| AtomicU64::new(0)).collect());
-    let mut tasks = Vec::new();
-    for i in 0..200usize {
-        let idem = engines[i % 2].clone();
-        let runs = runs.clone();
-        let k = i % 20;
-        tasks.push(tokio::spawn(async move {
-            let v: usize = idem
-                .run(key(&format!("k{k}")), Fingerprint::NONE, || async move {
-                    runs[k].fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    i
-                })
-                .await
-                .unwrap();
-            (k, v)
-        }));
-    }
-    let mut answers: HashMap<usize, usize> = HashMap::new();
-    for t in tasks {
-        let (k, v) = t.await.unwrap();
-        assert_eq!(
-            *answers.entry(k).or_insert(v),
-            v,
-            "key {k} answered two values"
-        );
-    }
-    for (k, n) in runs.iter().enumerate() {
-        assert_eq!(n.load(Ordering::SeqCst), 1, "key {k} ran {n:?} times");
-    }
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    Some((url, dir))
+}
+
+sql_store_tests!(
+    SqliteStore,
+    fresh = super::unmigrated(),
+    url = super::temporary_url(),
+);
+
+fn key(id: &str) -> Key {
+    Key::new("sqlite-tests", id).unwrap()
 }
 
 /// The child half of `two_processes_on_one_file_have_one_winner_per_key`: does nothing
@@ -272,161 +259,20 @@ async fn a_reopened_file_replays_the_stored_result() {
     );
 }
 
-#[tokio::test]
-async fn a_missing_table_says_to_call_migrate_and_the_body_does_not_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join("idem.db")).await.unwrap();
-    let idem = Idem::new(store.clone());
-    let runs = AtomicU64::new(0);
-    let err = idem
-        .run(key("no-table"), Fingerprint::NONE, || async {
-            runs.fetch_add(1, Ordering::SeqCst)
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(runs.load(Ordering::SeqCst), 0);
-    match &err {
-        Error::Store {
-            source: StoreError::NotSetUp { message, .. },
-            ..
-        } => assert!(
-            message.contains("migrate()") && message.contains("idem_records"),
-            "{message}"
-        ),
-        other => panic!("expected a NotSetUp store error, got {other:?}"),
-    }
-    store.migrate().await.unwrap();
-    idem.run(key("no-table"), Fingerprint::NONE, || async { 1 })
-        .await
-        .unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn migrate_twice_and_concurrently() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("idem.db");
-    let stores: Vec<SqliteStore> = futures_join(4, |_| SqliteStore::open(path.clone()))
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect();
-    let migrations: Vec<_> = stores
-        .iter()
-        .cloned()
-        .map(|s| tokio::spawn(async move { s.migrate().await }))
-        .collect();
-    for m in migrations {
-        m.await.unwrap().unwrap();
-    }
-    stores[0].migrate().await.unwrap();
-    let versions: Vec<i64> = sqlx::query_scalar("SELECT version FROM idem_records_schema")
-        .fetch_all(stores[0].pool())
-        .await
-        .unwrap();
-    assert_eq!(
-        versions,
-        vec![1],
-        "one version row however often migrate ran"
-    );
-}
-
-async fn futures_join<T, F, Fut>(n: usize, f: F) -> Vec<T>
-where
-    F: Fn(usize) -> Fut,
-    Fut: std::future::Future<Output = T> + Send + 'static,
-    T: Send + 'static,
-{
-    let handles: Vec<_> = (0..n).map(|i| tokio::spawn(f(i))).collect();
-    let mut out = Vec::new();
-    for h in handles {
-        out.push(h.await.unwrap());
-    }
-    out
-}
-
-#[tokio::test]
-async fn a_junk_row_is_a_decode_error_naming_the_key() {
-    let s = fresh().await;
-    let t = s.store.table();
-    let far = "CAST(unixepoch('subsec') * 1000 AS INTEGER) + 60000";
-    let sql = format!(
-        "INSERT INTO {t} (key, fingerprint, token, completed, payload, ends_at) VALUES (?1, ?2, 7, 1, ?3, {far})"
-    );
-    let junk_payload = key("junk-payload");
-    let junk_fingerprint = key("junk-fingerprint");
-    sqlx::query(&sql)
-        .bind(junk_payload.as_str())
-        .bind(vec![0u8; 16])
-        .bind(b"not an envelope".to_vec())
-        .execute(s.store.pool())
-        .await
-        .unwrap();
-    sqlx::query(&sql)
-        .bind(junk_fingerprint.as_str())
-        .bind(vec![1u8, 2, 3])
-        .bind(b"x".to_vec())
-        .execute(s.store.pool())
-        .await
-        .unwrap();
-    let idem = Idem::new(s);
-    for k in [junk_payload, junk_fingerprint] {
-        let err = idem
-            .run(k.clone(), Fingerprint::NONE, || async { 1u8 })
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(&err, Error::Decode { key, .. } if *key == k),
-            "{err:?}"
-        );
-        assert!(err.to_string().contains(k.as_str()), "{err}");
-    }
-}
-
+/// Keys are bound, never spliced, and stored as they are (TEXT holds NUL).
 #[tokio::test]
 async fn keys_are_bound_parameters_stored_verbatim() {
     let s = fresh().await;
-    let ids = [
-        "it's".to_string(),
-        "\"quoted\"".into(),
-        "100%".into(),
-        "%".into(),
-        "_".into(),
-        "'; DROP TABLE idem_records; --".into(),
-        "ünïcödé 🦀".into(),
-        "k".repeat(1024),
-    ];
-    for id in &ids {
-        let k = key(id);
-        let Claim::Acquired { token, .. } = s
-            .claim(
-                &k,
-                &Fingerprint::NONE,
-                Token::random(),
-                Duration::from_secs(30),
-            )
-            .await
-            .unwrap()
-        else {
-            panic!("{id:?} not acquired");
-        };
-        s.complete(&k, token, Bytes::from(id.clone()), Duration::from_secs(30))
-            .await
-            .unwrap();
-    }
+    let ids = sql_suite::awkward_ids();
+    let keys = sql_suite::complete_each(&s, "sqlite-tests", &ids).await;
     let stored: Vec<String> =
         sqlx::query_scalar(&format!("SELECT key FROM {} ORDER BY key", s.store.table()))
             .fetch_all(s.store.pool())
             .await
             .unwrap();
-    let mut expected: Vec<String> = ids.iter().map(|id| key(id).as_str().to_owned()).collect();
+    let mut expected: Vec<String> = keys.iter().map(|k| k.as_str().to_owned()).collect();
     expected.sort();
     assert_eq!(stored, expected);
-    for id in &ids {
-        match s.get(&key(id)).await.unwrap() {
-            Some(Record::Completed { payload, .. }) => assert_eq!(payload, Bytes::from(id.clone())),
-            other => panic!("{id:?}: {other:?}"),
-        }
-    }
 }
 
 #[tokio::test]
@@ -456,114 +302,12 @@ async fn a_closed_pool_is_a_store_error_and_the_body_does_not_run() {
     }
 }
 
-#[tokio::test]
-async fn purge_expired_deletes_ended_records_in_batches() {
-    let s = fresh().await;
-    for i in 0..25 {
-        let k = key(&format!("short{i}"));
-        let Claim::Acquired { token, .. } = s
-            .claim(
-                &k,
-                &Fingerprint::NONE,
-                Token::random(),
-                Duration::from_secs(30),
-            )
-            .await
-            .unwrap()
-        else {
-            panic!()
-        };
-        s.complete(&k, token, Bytes::new(), Duration::from_millis(50))
-            .await
-            .unwrap();
-    }
-    for i in 0..5 {
-        s.claim(
-            &key(&format!("ended-lease{i}")),
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_millis(50),
-        )
-        .await
-        .unwrap();
-        s.claim(
-            &key(&format!("live{i}")),
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_secs(30),
-        )
-        .await
-        .unwrap();
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(s.store.purge_expired(7).await.unwrap(), 30);
-    let left: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", s.store.table()))
-        .fetch_one(s.store.pool())
-        .await
-        .unwrap();
-    assert_eq!(left, 5, "only the live claims are left");
-    assert_eq!(s.store.purge_expired(7).await.unwrap(), 0);
-}
-
-#[tokio::test]
-async fn a_takeover_is_marked_recovered() {
-    let s = fresh().await;
-    let k = key("recover");
-    s.claim(
-        &k,
-        &Fingerprint::NONE,
-        Token::random(),
-        Duration::from_millis(50),
-    )
-    .await
-    .unwrap();
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    assert!(matches!(
-        s.claim(
-            &k,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_secs(5)
-        )
-        .await
-        .unwrap(),
-        Claim::Acquired {
-            recovered: true,
-            ..
-        }
-    ));
-}
-
-#[tokio::test]
-async fn table_names_are_checked() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join("idem.db")).await.unwrap();
-    for bad in ["x; DROP TABLE y", "a\"b", "", "main.t", "1x"] {
-        let err = store.clone().with_table(bad).unwrap_err();
-        assert!(matches!(err, Error::Connect { .. }), "{bad:?}: {err:?}");
-    }
-}
-
 /// A replay is a read: it answers while another connection holds the write lock.
 #[tokio::test]
 async fn a_replay_does_not_wait_for_a_writer() {
     let s = fresh().await;
     let k = key("replay-reads");
-    let Claim::Acquired { token, .. } = s
-        .claim(
-            &k,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_secs(30),
-        )
-        .await
-        .unwrap()
-    else {
-        panic!()
-    };
-    s.complete(&k, token, Bytes::from_static(b"v"), Duration::from_secs(60))
-        .await
-        .unwrap();
+    sql_suite::complete(&s, &k, Bytes::from_static(b"v")).await;
     let mut writer = s.store.pool().begin_with("BEGIN IMMEDIATE").await.unwrap();
     sqlx::query(&format!(
         "UPDATE {} SET token = token WHERE key = 'other'",
@@ -572,19 +316,7 @@ async fn a_replay_does_not_wait_for_a_writer() {
     .execute(&mut *writer)
     .await
     .unwrap();
-    let replay = tokio::time::timeout(
-        Duration::from_secs(2),
-        s.claim(
-            &k,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_secs(30),
-        ),
-    )
-    .await
-    .expect("a replay waited for the writer")
-    .unwrap();
-    assert!(matches!(replay, Claim::Completed { .. }), "{replay:?}");
+    sql_suite::claims_answer_without_waiting(&s, &k, None, Duration::from_secs(2)).await;
     writer.rollback().await.unwrap();
 }
 

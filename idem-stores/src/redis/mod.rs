@@ -103,7 +103,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use idem_core::{Claim, Fingerprint, Key, Record, Store, StoreError, Token};
+use idem_core::{Capabilities, Claim, Fingerprint, Key, Record, Store, StoreError, Token};
 use redis::aio::ConnectionManager;
 use redis::{ErrorKind, RedisError, ScriptInvocation, ServerErrorKind, Value};
 
@@ -306,6 +306,12 @@ impl Store for RedisStore {
     async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
         let script = scripts::DELETE.key(self.record_key(key));
         record::delete_reply(self.run("delete", &script).await?)
+    }
+
+    /// Recovery is reported for takeovers within the recovery window after the lease
+    /// ended (a minute by default); a store without a window does not report it.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE.with_reports_recovery(!self.recovery_window.is_zero())
     }
 
     fn backend(&self) -> &'static str {

@@ -1,7 +1,9 @@
-//! What the Postgres and SQLite stores share: the table name option, connecting within a
-//! time limit, durations as milliseconds, turning a record's columns into a claim answer,
-//! and sorting sqlx errors into [`StoreError`]s. Each backend's statements live in its own
-//! file.
+//! The SQL stores: one generic [`SqlStore`] (`store.rs`, `builder.rs`) and a file per
+//! dialect (`postgres.rs`, `sqlite.rs`, `mysql.rs`) with what differs: its statements, its
+//! migration, its claim, its error codes and how it stores a key (`dialect.rs` says what a
+//! dialect supplies). This file holds the small pieces they share: table names, connecting
+//! within a time limit, durations as milliseconds, a record's columns as a claim answer, and
+//! sqlx errors as [`StoreError`]s.
 
 use std::fmt;
 use std::time::Duration;
@@ -9,10 +11,18 @@ use std::time::Duration;
 use bytes::Bytes;
 use idem_core::{Claim, Error, Fingerprint, Record, StoreError, Token};
 
+mod builder;
+pub(crate) mod dialect;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
+mod store;
+
+pub use builder::SqlStoreBuilder;
+pub use store::SqlStore;
 
 /// The table a store uses unless told otherwise.
 pub const DEFAULT_TABLE: &str = "idem_records";
@@ -43,7 +53,7 @@ const MAX_MILLIS: i64 = 100 * 366 * 24 * 60 * 60 * 1000;
 /// Each part is an SQL identifier, `[A-Za-z_][A-Za-z0-9_]*`, so it can be spliced into
 /// statements (quoted) without any escaping; keys and payloads are only ever bound.
 #[derive(Clone, PartialEq, Eq)]
-pub(crate) struct TableName {
+pub struct TableName {
     schema: Option<String>,
     name: String,
 }
@@ -73,6 +83,7 @@ impl TableName {
     }
 
     /// The quoted, qualified name of this table with `suffix` appended to its last part.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(crate) fn quoted_with(&self, suffix: &str) -> String {
         match &self.schema {
             Some(s) => format!("\"{s}\".\"{}{suffix}\"", self.name),
@@ -81,11 +92,20 @@ impl TableName {
     }
 
     /// The quoted, qualified name of this table.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(crate) fn quoted(&self) -> String {
         self.quoted_with("")
     }
 
+    /// The name with `suffix`, quoted with backticks as MySQL quotes identifiers (double
+    /// quotes are string quotes there unless `ANSI_QUOTES` is on). Never qualified.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) fn backticked_with(&self, suffix: &str) -> String {
+        format!("`{}{suffix}`", self.name)
+    }
+
     /// The unqualified, quoted name with `suffix` (an index name, which takes no schema).
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
     pub(crate) fn bare_with(&self, suffix: &str) -> String {
         format!("\"{}{suffix}\"", self.name)
     }
@@ -243,7 +263,7 @@ impl LiveRow {
 }
 
 /// How a database error is to be reported, as each backend classifies its codes.
-pub(crate) enum DbErrorKind {
+pub enum DbErrorKind {
     /// The records table does not exist.
     MissingTable,
     /// The connection is gone or the server cannot take work now: temporary.
@@ -256,7 +276,7 @@ pub(crate) enum DbErrorKind {
 pub(crate) fn store_error(
     backend: &'static str,
     table: &TableName,
-    migrate: &str,
+    store: &str,
     classify: impl Fn(&dyn sqlx::error::DatabaseError) -> DbErrorKind,
     e: sqlx::Error,
 ) -> StoreError {
@@ -266,8 +286,8 @@ pub(crate) fn store_error(
             DbErrorKind::MissingTable => StoreError::NotSetUp {
                 backend,
                 message: format!(
-                    "the table `{table}` does not exist ({}): call {migrate} once to create it \
-                     (idem_stores::connect runs it for you)",
+                    "the table `{table}` does not exist ({}): call {store}::migrate() once to create it \
+                     (connecting by URL runs it for you)",
                     db.message()
                 ),
             },
@@ -313,6 +333,18 @@ impl fmt::Display for NoAnswer {
 }
 
 impl std::error::Error for NoAnswer {}
+
+impl NoAnswer {
+    /// The store error of a claim that got no answer `CLAIM_ATTEMPTS` times.
+    pub(crate) fn error(backend: &'static str) -> StoreError {
+        StoreError::Backend {
+            backend,
+            source: Box::new(NoAnswer {
+                attempts: CLAIM_ATTEMPTS,
+            }),
+        }
+    }
+}
 
 #[cfg(test)]
 mod tests {

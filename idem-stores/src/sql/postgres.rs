@@ -10,63 +10,43 @@
 //! cannot hold NUL, and every key `Key::new` accepts must work here.
 
 use std::borrow::Cow;
-use std::str::FromStr;
-use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use bytes::Bytes;
-use idem_core::{Claim, Error, Fingerprint, Key, Record, Store, StoreError, Token};
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgRow};
-use sqlx::Row;
+use idem_core::{Claim, Key, StoreError};
+use sqlx::postgres::PgQueryResult;
+pub use sqlx::Postgres;
 
+use super::dialect::{Arg, ClaimRequest, Dialect, Migration, Sql, Statements};
 use super::{
-    millis, probe, store_error, token_from_db, token_to_db, DbErrorKind, LiveRow, NoAnswer,
-    TableName, CLAIM_ATTEMPTS, DEFAULT_TABLE,
+    token_from_db, DbErrorKind, NoAnswer, SqlStore, SqlStoreBuilder, TableName, CLAIM_ATTEMPTS,
 };
 pub use super::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT};
 
-const BACKEND: &str = "postgres";
-
-/// The schema version this build creates and reads. Each later version adds one step to
-/// `migration_steps`.
+/// The schema version this build creates and reads.
 pub const SCHEMA_VERSION: i32 = 1;
 
-/// Idempotency records in a Postgres table (default `idem_records`), on a sqlx [`PgPool`].
+/// Idempotency records in a Postgres table (default `idem_records`), on a sqlx
+/// [`PgPool`](sqlx::PgPool): the generic [`SqlStore`] in the Postgres dialect.
 ///
 /// Every step is one statement and one round trip: a first call costs 2 (claim, complete),
 /// a replay 1 (the claim answers with the stored result). Leases and expiry run on the
 /// database's clock (`now()`), never the client's.
 ///
-/// Create the table once with [`migrate`](PostgresStore::migrate) (safe to run from many
-/// processes at once; [`connect`](crate::connect) runs it), and call
-/// [`purge_expired`](PostgresStore::purge_expired) on a schedule.
+/// [`connect`](SqlStore::connect) creates the table (safe from many processes at once); a
+/// store on your pool ([`new`](SqlStore::new)) needs [`migrate`](SqlStore::migrate) once.
+/// Call [`purge_expired`](SqlStore::purge_expired) on a schedule.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use idem_stores::PostgresStore;
-/// let store = PostgresStore::connect("postgres://app@localhost/app").await?;
-/// store.migrate().await?;
+/// let store = PostgresStore::connect("postgres://app@localhost/app").await?; // and migrates
 /// let idem = idem_core::Idem::new(store);
 /// # Ok(()) }
 /// ```
-#[derive(Clone)]
-pub struct PostgresStore {
-    pool: PgPool,
-    table: TableName,
-    sql: Arc<Statements>,
-}
+pub type PostgresStore = SqlStore<Postgres>;
 
-impl std::fmt::Debug for PostgresStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PostgresStore")
-            .field("table", &self.table)
-            .field("pool_size", &self.pool.size())
-            .finish()
-    }
-}
-
-/// Options of a [`PostgresStore`] that opens its own pool: how long to wait for the server.
+/// Options of a [`PostgresStore`] that opens its own pool (the generic [`SqlStoreBuilder`]);
+/// its table may be schema-qualified: `.table("billing.idem_records")`.
 ///
 /// ```no_run
 /// # use std::time::Duration;
@@ -74,305 +54,156 @@ impl std::fmt::Debug for PostgresStore {
 /// let store = idem_stores::PostgresStore::builder()
 ///     .connect_timeout(Duration::from_secs(2))
 ///     .acquire_timeout(Duration::from_secs(1))
+///     .table("billing_idem")
 ///     .connect("postgres://app@localhost/app")
 ///     .await?;
 /// # let _ = store; Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
-#[must_use]
-pub struct PostgresStoreBuilder {
-    acquire_timeout: Duration,
-    connect_timeout: Duration,
-}
+pub type PostgresStoreBuilder = SqlStoreBuilder<Postgres>;
 
-impl Default for PostgresStoreBuilder {
-    fn default() -> Self {
-        PostgresStoreBuilder {
-            acquire_timeout: DEFAULT_ACQUIRE_TIMEOUT,
-            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
-        }
-    }
-}
+#[async_trait]
+impl Dialect for Postgres {
+    const BACKEND: &'static str = "postgres";
+    const STORE: &'static str = "PostgresStore";
+    const SCHEMA_QUALIFIED: bool = true;
+    type Settings = ();
 
-impl PostgresStoreBuilder {
-    /// The longest wait for a connection from the pool, opening a new one included
-    /// (default 3 s). Keep it at or below the engine's step timeout
-    /// ([`IdemBuilder::step_timeout`](idem_core::IdemBuilder::step_timeout), default 5 s):
-    /// a step then fails with the pool's own error rather than the engine's timeout.
-    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
-        self.acquire_timeout = timeout.max(Duration::from_millis(1));
-        self
-    }
-
-    /// The longest wait for the first connection when the store connects (default 3 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout.max(Duration::from_millis(1));
-        self
-    }
-
-    /// Opens a pool on `url` (`postgres://user:password@host:port/database?...`). See
-    /// [`PostgresStore::connect`].
-    pub async fn connect(self, url: &str) -> Result<PostgresStore, Error> {
-        let options = PgConnectOptions::from_str(url).map_err(|e| Error::Connect {
-            message: "invalid postgres URL".into(),
-            source: Some(Box::new(e)),
-        })?;
-        self.connect_with(options).await
-    }
-
-    /// Opens a pool with your connect options. See [`PostgresStore::connect`].
-    pub async fn connect_with(self, options: PgConnectOptions) -> Result<PostgresStore, Error> {
-        probe::<PgConnection>(&options, self.connect_timeout, || {
-            format!(
-                "postgres at {}:{} (database `{}`)",
-                options.get_host(),
-                options.get_port(),
-                options.get_database().unwrap_or("default")
-            )
-        })
-        .await?;
-        let pool = PgPoolOptions::new()
-            .test_before_acquire(false)
-            .acquire_timeout(self.acquire_timeout)
-            .connect_lazy_with(options);
-        Ok(PostgresStore::new(pool))
-    }
-}
-
-impl PostgresStore {
-    /// Opens a pool on `url` (`postgres://user:password@host:port/database?...`) with the
-    /// default timeouts ([`builder`](Self::builder) to choose them). Does not create the
-    /// table: call [`migrate`](Self::migrate).
-    ///
-    /// It connects once first, so a wrong URL or a server that is down shows at startup:
-    /// within the connect timeout (3 s), as an [`Error::Connect`] whose source chain holds
-    /// the cause (connection refused, authentication failed, ...). The pool waits at most
-    /// the acquire timeout (3 s) for a connection.
-    ///
-    /// The pool does not ping a connection before each statement (sqlx's
-    /// `test_before_acquire`), which would cost a second round trip per step; a connection
-    /// that died is noticed by the statement, which fails (the body does not run) and the
-    /// pool replaces it.
-    pub async fn connect(url: &str) -> Result<PostgresStore, Error> {
-        PostgresStore::builder().connect(url).await
-    }
-
-    /// A builder, to choose the connect and acquire timeouts.
-    pub fn builder() -> PostgresStoreBuilder {
-        PostgresStoreBuilder::default()
-    }
-
-    /// A store on your own pool, with the default table `idem_records`.
-    ///
-    /// sqlx pools ping each connection before lending it out unless built with
-    /// `PgPoolOptions::test_before_acquire(false)`; that ping is one more round trip before
-    /// every step. sqlx's default acquire timeout is 30 s: set `acquire_timeout` at or
-    /// below the engine's step timeout.
-    pub fn new(pool: PgPool) -> PostgresStore {
-        let table = TableName::parse(BACKEND, DEFAULT_TABLE, true)
-            .expect("the default table name is valid");
-        PostgresStore {
-            pool,
-            sql: Arc::new(Statements::new(&table)),
-            table,
+    fn statements(table: &TableName) -> Statements {
+        let t = table.quoted();
+        // Only the holder of the current token, while its lease runs, may touch a claim.
+        let held = "key = $1 AND token = $2 AND NOT completed AND ends_at > now()";
+        Statements {
+            claim: vec![Sql::numbered(claim_sql(&t))],
+            // Also matches the record this token completed (a repeat), which it rewrites
+            // with its own values: one statement, and a repeat that waited on the row lock
+            // of its original still finds the completed row.
+            complete: Sql::numbered(format!(
+                "UPDATE {t} SET completed = true,
+                    payload = CASE WHEN completed THEN payload ELSE $3 END,
+                    ends_at = CASE WHEN completed THEN ends_at
+                                   ELSE clock_timestamp() + $4 * interval '1 millisecond' END
+                 WHERE key = $1 AND token = $2 AND ends_at > now()"
+            )),
+            release: Sql::numbered(format!("DELETE FROM {t} WHERE {held}")),
+            exists: Sql::numbered(format!("SELECT 1 FROM {t} WHERE key = $1")),
+            extend: Sql::numbered(format!(
+                "UPDATE {t} SET ends_at = clock_timestamp() + $3 * interval '1 millisecond' WHERE {held}"
+            )),
+            get: Sql::numbered(format!(
+                "SELECT completed, fingerprint, token, payload, {REMAINING_MS} AS remaining_ms
+                 FROM {t} WHERE key = $1 AND ends_at > now()"
+            )),
+            delete: Sql::numbered(format!("DELETE FROM {t} WHERE key = $1 AND ends_at > now()")),
+            purge: Sql::numbered(format!(
+                "DELETE FROM {t} WHERE key IN (
+                    SELECT key FROM {t} WHERE ends_at <= now() LIMIT $1 FOR UPDATE SKIP LOCKED
+                 ) AND ends_at <= now()"
+            )),
         }
     }
 
-    /// Uses `table` instead of `idem_records`: an identifier (`[A-Za-z_][A-Za-z0-9_]*`, at
-    /// most 48 bytes), optionally schema-qualified (`idem.records`). The schema must exist.
-    pub fn with_table(mut self, table: &str) -> Result<PostgresStore, Error> {
-        self.table = TableName::parse(BACKEND, table, true)?;
-        self.sql = Arc::new(Statements::new(&self.table));
-        Ok(self)
-    }
-
-    /// The pool.
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
-    /// The table name, as given.
-    pub fn table(&self) -> String {
-        self.table.to_string()
-    }
-
-    /// Creates the table and its index when they are missing, and brings an older schema up
-    /// to [`SCHEMA_VERSION`].
-    ///
-    /// Safe to run from several processes at once: one transaction under an advisory lock
-    /// named after the table does the work, the others wait for it and then find nothing to
-    /// do. Fails when the table was migrated by a newer version of this crate.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        let err = |e| self.error(e);
-        let mut tx = self.pool.begin().await.map_err(err)?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
-            .bind(format!("idem.migrate:{}", self.table))
-            .execute(&mut *tx)
-            .await
-            .map_err(err)?;
-        let versions = self.table.quoted_with("_schema");
-        sqlx::query(&format!(
-            "CREATE TABLE IF NOT EXISTS {versions} (
-                version integer PRIMARY KEY,
-                migrated_at timestamptz NOT NULL DEFAULT now()
-            )"
-        ))
-        .execute(&mut *tx)
-        .await
-        .map_err(err)?;
-        let current: i32 =
-            sqlx::query_scalar(&format!("SELECT coalesce(max(version), 0) FROM {versions}"))
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(err)?;
-        if current > SCHEMA_VERSION {
-            return Err(StoreError::NotSetUp {
-                backend: BACKEND,
-                message: format!(
-                    "the table `{}` has schema version {current}, newer than this build's {SCHEMA_VERSION}: \
-                     upgrade idem before using it",
-                    self.table
+    fn migration(table: &TableName) -> Migration {
+        let versions = table.quoted_with("_schema");
+        Migration {
+            // The lock is named after the table (an identifier, so it can be spliced), and
+            // held until the transaction ends: DDL is transactional in Postgres.
+            lock: vec![
+                "BEGIN".into(),
+                format!(
+                    "SELECT pg_advisory_xact_lock(hashtextextended('idem.migrate:{table}', 0))"
                 ),
-            });
-        }
-        for (version, statements) in migration_steps(&self.table) {
-            if version <= current {
-                continue;
-            }
-            for statement in statements {
-                sqlx::query(&statement)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(err)?;
-            }
-            sqlx::query(&format!("INSERT INTO {versions} (version) VALUES ($1)"))
-                .bind(version)
-                .execute(&mut *tx)
-                .await
-                .map_err(err)?;
-            tracing::info!(target: "idem", table = %self.table, version, "migrated the postgres store");
-        }
-        tx.commit().await.map_err(err)
-    }
-
-    /// Deletes records that have ended (expired results, leases ended and not taken over),
-    /// at most `limit` per statement, statement after statement until none is left; returns
-    /// how many it deleted. Each batch is its own short transaction and skips rows that a
-    /// claim holds locked, so a large table is cleaned without one long lock.
-    ///
-    /// Ended records are never answered, so this only reclaims space: run it on a schedule
-    /// (every few minutes, from one process or several).
-    pub async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
-        let limit = i64::from(limit.max(1));
-        let mut total = 0;
-        loop {
-            let n = sqlx::query(&self.sql.purge)
-                .bind(limit)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| self.error(e))?
-                .rows_affected();
-            total += n;
-            if n < limit as u64 {
-                return Ok(total);
-            }
-        }
-    }
-
-    fn error(&self, e: sqlx::Error) -> StoreError {
-        store_error(
-            BACKEND,
-            &self.table,
-            "PostgresStore::migrate()",
-            classify,
-            e,
-        )
-    }
-
-    async fn guarded(
-        &self,
-        sql: &str,
-        key: &Key,
-        token: Token,
-        arg: Bind,
-    ) -> Result<(), StoreError> {
-        let mut q = sqlx::query(sql)
-            .bind(stored_key(key))
-            .bind(token_to_db(token));
-        match arg {
-            Bind::Millis(ms) => q = q.bind(ms),
-            Bind::Payload(p, ms) => q = q.bind(p.to_vec()).bind(ms),
-        }
-        let done = q.execute(&self.pool).await.map_err(|e| self.error(e))?;
-        if done.rows_affected() == 1 {
-            Ok(())
-        } else {
-            Err(StoreError::Fenced)
-        }
-    }
-}
-
-enum Bind {
-    Millis(i64),
-    Payload(Bytes, i64),
-}
-
-fn classify(db: &dyn sqlx::error::DatabaseError) -> DbErrorKind {
-    let code = db.code();
-    let code = code.as_deref().unwrap_or("");
-    match code {
-        // undefined_table.
-        "42P01" => DbErrorKind::MissingTable,
-        // admin_shutdown, crash_shutdown, cannot_connect_now, too_many_connections.
-        "57P01" | "57P02" | "57P03" | "53300" => DbErrorKind::Unavailable,
-        // connection_exception class.
-        c if c.starts_with("08") => DbErrorKind::Unavailable,
-        _ => DbErrorKind::Other,
-    }
-}
-
-/// The schema, one version at a time: each entry's statements bring the table from the
-/// previous version to this one. Never edit a released step; add the next.
-fn migration_steps(table: &TableName) -> Vec<(i32, Vec<String>)> {
-    let t = table.quoted();
-    vec![(
-        1,
-        vec![
-            // `key` is `scope/id`, compared byte for byte ("C"), so keys that differ only in
-            // case or normalisation stay apart and lookups skip locale rules.
-            format!(
-                "CREATE TABLE IF NOT EXISTS {t} (
-                    key text COLLATE \"C\" PRIMARY KEY,
-                    fingerprint bytea NOT NULL,
-                    token bigint NOT NULL,
-                    completed boolean NOT NULL,
-                    payload bytea,
-                    ends_at timestamptz NOT NULL
+            ],
+            commit: vec!["COMMIT".into()],
+            abort: vec!["ROLLBACK".into()],
+            create_versions: format!(
+                "CREATE TABLE IF NOT EXISTS {versions} (
+                    version integer PRIMARY KEY,
+                    migrated_at timestamptz NOT NULL DEFAULT now()
                 )"
             ),
-            // For purge_expired.
-            format!("CREATE INDEX IF NOT EXISTS {} ON {t} (ends_at)", table.bare_with("_ends_at")),
-            // No token sequence: claims bring their own token (`Store::claim`). A table made
-            // by an earlier build of this step has an unused `<table>_token_seq`, left alone;
-            // the table itself is the same, so both are schema version 1.
-            format!(
-                "COMMENT ON TABLE {t} IS 'idempotency records of idem: one row per key, an in-progress claim \
-                 (completed = false, ends_at = lease end) or a stored result (ends_at = expiry)'"
-            ),
-        ],
-    )]
-}
+            current_version: format!("SELECT coalesce(max(version), 0)::int8 FROM {versions}"),
+            record_version: format!("INSERT INTO {versions} (version) VALUES ({{version}})"),
+            // The schema, one version at a time: each entry brings the table from the
+            // previous version to this one. Never edit a released step; add the next.
+            steps: {
+                let t = table.quoted();
+                let version_1 = vec![
+                        // `key` is `scope/id`, compared byte for byte ("C"), so keys that differ only in
+                        // case or normalisation stay apart and lookups skip locale rules.
+                        format!(
+                            "CREATE TABLE IF NOT EXISTS {t} (
+                                key text COLLATE \"C\" PRIMARY KEY,
+                                fingerprint bytea NOT NULL,
+                                token bigint NOT NULL,
+                                completed boolean NOT NULL,
+                                payload bytea,
+                                ends_at timestamptz NOT NULL
+                            )"
+                        ),
+                        // For purge_expired.
+                        format!("CREATE INDEX IF NOT EXISTS {} ON {t} (ends_at)", table.bare_with("_ends_at")),
+                        // No token sequence: claims bring their own token (`Store::claim`). A table made
+                        // by an earlier build of this step has an unused `<table>_token_seq`, left alone;
+                        // the table itself is the same, so both are schema version 1.
+                        format!(
+                            "COMMENT ON TABLE {t} IS 'idempotency records of idem: one row per key, an in-progress claim \
+                             (completed = false, ends_at = lease end) or a stored result (ends_at = expiry)'"
+                        ),
+                ];
+                vec![(1, version_1)]
+            },
+        }
+    }
 
-/// The statements of one table, written once per store.
-struct Statements {
-    claim: String,
-    complete: String,
-    /// Answers whether the release deleted the held record or found no record at all.
-    release: String,
-    extend: String,
-    get: String,
-    delete: String,
-    purge: String,
+    fn classify(db: &dyn sqlx::error::DatabaseError) -> DbErrorKind {
+        let code = db.code();
+        let code = code.as_deref().unwrap_or("");
+        match code {
+            // undefined_table.
+            "42P01" => DbErrorKind::MissingTable,
+            // admin_shutdown, crash_shutdown, cannot_connect_now, too_many_connections.
+            "57P01" | "57P02" | "57P03" | "53300" => DbErrorKind::Unavailable,
+            // connection_exception class.
+            c if c.starts_with("08") => DbErrorKind::Unavailable,
+            _ => DbErrorKind::Other,
+        }
+    }
+
+    fn key(key: &Key) -> Arg {
+        Arg::Text(stored_key(key).into_owned())
+    }
+
+    fn rows_affected(done: &PgQueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    async fn claim(store: &PostgresStore, request: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let ClaimRequest { key, token: _, .. } = request;
+        let err = |e| store.error(e);
+        for attempt in 1..=CLAIM_ATTEMPTS {
+            let args = request.args::<Postgres>();
+            let row = <Postgres as super::dialect::Driver>::fetch_optional(
+                store.pool(),
+                &store.statements().claim[0],
+                args,
+            )
+            .await
+            .map_err(err)?;
+            let Some(row) = row else {
+                tracing::debug!(target: "idem", key = %key, attempt, "claim raced a concurrent claim; running it again");
+                continue;
+            };
+            let state: i16 = sqlx::Row::try_get(&row, "state").map_err(err)?;
+            if state == 0 {
+                return Ok(Claim::Acquired {
+                    token: token_from_db(sqlx::Row::try_get(&row, "token").map_err(err)?),
+                    recovered: sqlx::Row::try_get(&row, "recovered").map_err(err)?,
+                });
+            }
+            return store.live_row(&row, state == 2)?.into_claim(Self::BACKEND);
+        }
+        Err(NoAnswer::error(Self::BACKEND))
+    }
 }
 
 /// The key column's value for `key`: `scope/id` with `%` written `%25` and NUL written
@@ -439,166 +270,6 @@ fn claim_sql(t: &str) -> String {
 
 /// Milliseconds until `ends_at`, rounded up, as the database sees it.
 const REMAINING_MS: &str = "ceil(extract(epoch FROM ends_at - now()) * 1000)::int8";
-
-impl Statements {
-    fn new(table: &TableName) -> Statements {
-        let t = table.quoted();
-        // Only the holder of the current token, while its lease runs, may touch a claim.
-        let held = "key = $1 AND token = $2 AND NOT completed AND ends_at > now()";
-        Statements {
-            claim: claim_sql(&t),
-            // Also matches the record this token completed (a repeat), which it rewrites
-            // with its own values: one statement, and a repeat that waited on the row lock
-            // of its original still finds the completed row.
-            complete: format!(
-                "UPDATE {t} SET completed = true,
-                    payload = CASE WHEN completed THEN payload ELSE $3 END,
-                    ends_at = CASE WHEN completed THEN ends_at
-                                   ELSE clock_timestamp() + $4 * interval '1 millisecond' END
-                 WHERE key = $1 AND token = $2 AND ends_at > now()"
-            ),
-            // The outer SELECT sees the row as it was before the DELETE (one snapshot), so
-            // "no row" means there was none to begin with: a repeat.
-            release: format!(
-                "WITH gone AS (DELETE FROM {t} WHERE {held} RETURNING 1)
-                 SELECT EXISTS (SELECT 1 FROM gone) OR NOT EXISTS (SELECT 1 FROM {t} WHERE key = $1)"
-            ),
-            extend: format!(
-                "UPDATE {t} SET ends_at = clock_timestamp() + $3 * interval '1 millisecond' WHERE {held}"
-            ),
-            get: format!(
-                "SELECT completed, fingerprint, token, payload, {REMAINING_MS} AS remaining_ms
-                 FROM {t} WHERE key = $1 AND ends_at > now()"
-            ),
-            delete: format!("DELETE FROM {t} WHERE key = $1 RETURNING ends_at > now() AS live"),
-            purge: format!(
-                "DELETE FROM {t} WHERE key IN (
-                    SELECT key FROM {t} WHERE ends_at <= now() LIMIT $1 FOR UPDATE SKIP LOCKED
-                 ) AND ends_at <= now()"
-            ),
-        }
-    }
-}
-
-fn live_row(row: &PgRow) -> Result<LiveRow, sqlx::Error> {
-    Ok(LiveRow {
-        completed: row.try_get("completed")?,
-        fingerprint: row.try_get("fingerprint")?,
-        token: row.try_get("token")?,
-        payload: row.try_get("payload")?,
-        remaining_ms: row.try_get("remaining_ms")?,
-    })
-}
-
-#[async_trait]
-impl Store for PostgresStore {
-    async fn claim(
-        &self,
-        key: &Key,
-        fingerprint: &Fingerprint,
-        token: Token,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
-        for attempt in 1..=CLAIM_ATTEMPTS {
-            let row = sqlx::query(&self.sql.claim)
-                .bind(stored_key(key))
-                .bind(&fingerprint.as_bytes()[..])
-                .bind(millis(lease))
-                .bind(token_to_db(token))
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(|e| self.error(e))?;
-            let Some(row) = row else {
-                tracing::debug!(target: "idem", key = %key, attempt, "claim raced a concurrent claim; running it again");
-                continue;
-            };
-            let state: i16 = row.try_get("state").map_err(|e| self.error(e))?;
-            if state == 0 {
-                return Ok(Claim::Acquired {
-                    token: token_from_db(row.try_get("token").map_err(|e| self.error(e))?),
-                    recovered: row.try_get("recovered").map_err(|e| self.error(e))?,
-                });
-            }
-            let live = LiveRow {
-                completed: state == 2,
-                fingerprint: row.try_get("fingerprint").map_err(|e| self.error(e))?,
-                token: row.try_get("token").map_err(|e| self.error(e))?,
-                payload: row.try_get("payload").map_err(|e| self.error(e))?,
-                remaining_ms: row.try_get("remaining_ms").map_err(|e| self.error(e))?,
-            };
-            return live.into_claim(BACKEND);
-        }
-        Err(StoreError::Backend {
-            backend: BACKEND,
-            source: Box::new(NoAnswer {
-                attempts: CLAIM_ATTEMPTS,
-            }),
-        })
-    }
-
-    async fn complete(
-        &self,
-        key: &Key,
-        token: Token,
-        payload: Bytes,
-        ttl: Duration,
-    ) -> Result<(), StoreError> {
-        self.guarded(
-            &self.sql.complete,
-            key,
-            token,
-            Bind::Payload(payload, millis(ttl)),
-        )
-        .await
-    }
-
-    async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError> {
-        let done: bool = sqlx::query_scalar(&self.sql.release)
-            .bind(stored_key(key))
-            .bind(token_to_db(token))
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| self.error(e))?;
-        if done {
-            Ok(())
-        } else {
-            Err(StoreError::Fenced)
-        }
-    }
-
-    async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
-        self.guarded(&self.sql.extend, key, token, Bind::Millis(millis(lease)))
-            .await
-    }
-
-    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        let row = sqlx::query(&self.sql.get)
-            .bind(stored_key(key))
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| self.error(e))?;
-        match row {
-            None => Ok(None),
-            Some(row) => live_row(&row)
-                .map_err(|e| self.error(e))?
-                .into_record(BACKEND)
-                .map(Some),
-        }
-    }
-
-    async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
-        let live: Option<bool> = sqlx::query_scalar(&self.sql.delete)
-            .bind(stored_key(key))
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| self.error(e))?;
-        Ok(live.unwrap_or(false))
-    }
-
-    fn backend(&self) -> &'static str {
-        BACKEND
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,273 @@
+//! `MySqlStore`: records in one MySQL or MariaDB table (InnoDB), each step one round trip,
+//! time from the server's clock.
+//!
+//! MySQL has no statement that both writes and answers rows, so the claim is a stored
+//! procedure (`<table>_claim`, created by `migrate`), called in one round trip: it reads the
+//! record first and writes only when no live record exists, as the Postgres claim does,
+//! then answers with the record. A first claim inserts (a concurrent one that lost the
+//! race gets a duplicate key, handled inside the procedure); a takeover is an `UPDATE ...
+//! WHERE ends_at <= now`, which InnoDB re-checks under the row lock, so exactly one of
+//! several concurrent takeovers matches.
+//!
+//! Keys are `VARBINARY(1281)`: `scope/id` as its UTF-8 bytes, compared byte for byte, NUL
+//! and control characters included. Payloads are `LONGBLOB`; the server's
+//! `max_allowed_packet` (16 MiB by default on MariaDB 10.11 and MySQL 8) bounds what one
+//! `complete` can send.
+
+use async_trait::async_trait;
+use idem_core::{Claim, Key, StoreError};
+use sqlx::mysql::{MySqlDatabaseError, MySqlQueryResult};
+pub use sqlx::MySql;
+
+use super::dialect::{Arg, ClaimRequest, Col, Dialect, Driver, Migration, Sql, Statements};
+use super::{
+    token_from_db, token_to_db, DbErrorKind, LiveRow, NoAnswer, SqlStore, SqlStoreBuilder,
+    TableName, CLAIM_ATTEMPTS,
+};
+pub use super::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT};
+
+/// The schema version this build creates and reads.
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// Idempotency records in a MySQL or MariaDB table (default `idem_records`), on a sqlx
+/// [`MySqlPool`](sqlx::MySqlPool): the generic [`SqlStore`] in the MySQL dialect.
+///
+/// Every step is one round trip: a first call costs 2 (claim, complete), a replay 1 (the
+/// claim answers with the stored result). Leases and expiry run on the server's clock
+/// (`UTC_TIMESTAMP(3)`), never the client's. The claim is a stored procedure, so the
+/// database user needs `CREATE ROUTINE` to migrate and `EXECUTE` to claim.
+///
+/// [`connect`](SqlStore::connect) creates the table and the procedure (safe from many
+/// processes at once); a store on your pool ([`new`](SqlStore::new)) needs
+/// [`migrate`](SqlStore::migrate) once.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// // Creates the table `billing_idem` and its procedure `billing_idem_claim` if missing.
+/// let store = idem_stores::MySqlStore::builder()
+///     .table("billing_idem")
+///     .connect("mysql://app@localhost/app")
+///     .await?;
+/// # let _ = store; Ok(()) }
+/// ```
+pub type MySqlStore = SqlStore<MySql>;
+
+/// Options of a [`MySqlStore`] that opens its own pool (the generic [`SqlStoreBuilder`]).
+/// Where the service's user lacks `CREATE ROUTINE`, connect with `migrate(false)` and run
+/// [`migrate`](SqlStore::migrate) from a deploy step as a user that has it.
+pub type MySqlStoreBuilder = SqlStoreBuilder<MySql>;
+
+/// The server's clock in milliseconds since the Unix epoch. `UTC_TIMESTAMP` and
+/// `TIMESTAMPDIFF` do no time zone conversion, so the session's `time_zone` (and its
+/// daylight saving hour that happens twice) cannot move it.
+const NOW_MS: &str =
+    "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)";
+
+#[async_trait]
+impl Dialect for MySql {
+    const BACKEND: &'static str = "mysql";
+    const STORE: &'static str = "MySqlStore";
+    type Settings = ();
+
+    /// The statements of one table. Parameters are numbered in the order the store binds them
+    /// and turned into MySQL's positional `?` by [`Sql::positional`].
+    fn statements(table: &TableName) -> Statements {
+        let t = table.backticked_with("");
+        let claim = table.backticked_with("_claim");
+        let held = format!("`key` = $1 AND token = $2 AND NOT completed AND ends_at > {NOW_MS}");
+        Statements {
+            claim: vec![Sql::positional(&format!("CALL {claim}($1, $2, $3, $4)"))],
+            // Also matches the record this token completed (a repeat), which keeps its values.
+            complete: Sql::positional(&format!(
+                "UPDATE {t} SET payload = IF(completed, payload, $3),
+                    ends_at = IF(completed, ends_at, {NOW_MS} + $4),
+                    completed = TRUE
+                 WHERE `key` = $1 AND token = $2 AND ends_at > {NOW_MS}"
+            )),
+            release: Sql::positional(&format!("DELETE FROM {t} WHERE {held}")),
+            exists: Sql::positional(&format!("SELECT 1 FROM {t} WHERE `key` = $1")),
+            extend: Sql::positional(&format!(
+                "UPDATE {t} SET ends_at = {NOW_MS} + $3 WHERE {held}"
+            )),
+            get: Sql::positional(&format!(
+                "SELECT completed, fingerprint, token, payload, ends_at - {NOW_MS} AS remaining_ms
+                 FROM {t} WHERE `key` = $1 AND ends_at > {NOW_MS}"
+            )),
+            delete: Sql::positional(&format!(
+                "DELETE FROM {t} WHERE `key` = $1 AND ends_at > {NOW_MS}"
+            )),
+            purge: Sql::positional(&format!(
+                "DELETE FROM {t} WHERE ends_at <= {NOW_MS} ORDER BY ends_at LIMIT $1"
+            )),
+        }
+    }
+
+    fn migration(table: &TableName) -> Migration {
+        let versions = table.backticked_with("_schema");
+        // DDL commits on its own in MySQL, so no transaction: a named lock (a session's,
+        // at most 64 characters; the table name is at most 48) serialises migrations,
+        // and every step is written to be run again.
+        let lock = format!("'idem.migrate:{table}'");
+        Migration {
+            lock: vec![format!("DO GET_LOCK({lock}, 60)")],
+            commit: vec![format!("DO RELEASE_LOCK({lock})")],
+            abort: vec![format!("DO RELEASE_LOCK({lock})")],
+            create_versions: format!(
+                "CREATE TABLE IF NOT EXISTS {versions} (
+                    version INT NOT NULL PRIMARY KEY,
+                    migrated_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
+                ) ENGINE = InnoDB"
+            ),
+            current_version: format!(
+                "SELECT CAST(COALESCE(MAX(version), 0) AS SIGNED) FROM {versions}"
+            ),
+            record_version: format!("INSERT IGNORE INTO {versions} (version) VALUES ({{version}})"),
+            // The schema, one version at a time: each entry brings the table from the
+            // previous version to this one. Never edit a released step; add the next.
+            steps: {
+                let t = table.backticked_with("");
+                let ends_at = table.backticked_with("_ends_at");
+                let claim = table.backticked_with("_claim");
+                let version_1 = vec![
+                        // `key` is `scope/id` as bytes (1281 = 256 + 1 + 1024), so NUL, control
+                        // characters, case and normalisation all stay distinct. `ends_at`: lease end
+                        // or expiry, milliseconds since the Unix epoch on the server's clock.
+                        format!(
+                            "CREATE TABLE IF NOT EXISTS {t} (
+                                `key` VARBINARY(1281) NOT NULL PRIMARY KEY,
+                                fingerprint VARBINARY(16) NOT NULL,
+                                token BIGINT NOT NULL,
+                                completed BOOLEAN NOT NULL,
+                                payload LONGBLOB,
+                                ends_at BIGINT NOT NULL,
+                                INDEX {ends_at} (ends_at)
+                            ) ENGINE = InnoDB
+                              COMMENT = 'idempotency records of idem: one row per key, an in-progress claim or a stored result'"
+                        ),
+                        claim_procedure(&t, &claim),
+                ];
+                vec![(1, version_1)]
+            },
+        }
+    }
+
+    fn classify(db: &dyn sqlx::error::DatabaseError) -> DbErrorKind {
+        let Some(db) = db.try_downcast_ref::<MySqlDatabaseError>() else {
+            return DbErrorKind::Other;
+        };
+        match db.number() {
+            // ER_NO_SUCH_TABLE; ER_SP_DOES_NOT_EXIST (the claim procedure).
+            1146 | 1305 => DbErrorKind::MissingTable,
+            // Too many connections, server shutdown, lock wait timeout, deadlock (the
+            // statement was rolled back), connection killed, query interrupted.
+            1040 | 1053 | 1205 | 1213 | 1927 | 1317 => DbErrorKind::Unavailable,
+            _ => DbErrorKind::Other,
+        }
+    }
+
+    fn key(key: &Key) -> Arg {
+        Arg::Bytes(key.as_str().as_bytes().to_vec())
+    }
+
+    fn rows_affected(done: &MySqlQueryResult) -> u64 {
+        // sqlx connects with CLIENT_FOUND_ROWS: an UPDATE counts the rows it matched, so a
+        // repeated complete that changes nothing still counts its row.
+        done.rows_affected()
+    }
+
+    async fn claim(store: &MySqlStore, request: ClaimRequest<'_>) -> Result<Claim, StoreError> {
+        let ClaimRequest { key, token, .. } = request;
+        let err = |e| store.error(e);
+        let mine = token_to_db(token);
+        for attempt in 1..=CLAIM_ATTEMPTS {
+            let args = request.args::<MySql>();
+            let row = MySql::fetch_optional(store.pool(), &store.statements().claim[0], args)
+                .await
+                .map_err(err)?;
+            if let Some(row) = row {
+                // By position: sqlx knows no column names for the result of a prepared CALL.
+                let read = || -> Result<(bool, bool, bool, LiveRow), sqlx::Error> {
+                    Ok((
+                        MySql::flag(&row, Col::At(0))?,
+                        MySql::flag(&row, Col::At(1))?,
+                        MySql::flag(&row, Col::At(2))?,
+                        LiveRow {
+                            completed: MySql::flag(&row, Col::At(3))?,
+                            fingerprint: MySql::bytes(&row, Col::At(4))?.unwrap_or_default(),
+                            token: MySql::int(&row, Col::At(5))?,
+                            payload: MySql::bytes(&row, Col::At(6))?,
+                            remaining_ms: MySql::int(&row, Col::At(7))?,
+                        },
+                    ))
+                };
+                let (taken, recovered, live, record) = read().map_err(err)?;
+                if taken {
+                    return Ok(Claim::Acquired {
+                        token: token_from_db(record.token),
+                        recovered,
+                    });
+                }
+                if live {
+                    if !record.completed && record.token == mine {
+                        // This claim, resent: the same claim, left as it is.
+                        return Ok(Claim::Acquired {
+                            token,
+                            recovered: false,
+                        });
+                    }
+                    return record.into_claim(Self::BACKEND);
+                }
+            }
+            // The record changed between the procedure's read and its answer (released,
+            // or its lease ended just then): claim again.
+            tracing::debug!(target: "idem", key = %key, attempt, "claim raced a concurrent step; running it again");
+        }
+        Err(NoAnswer::error(Self::BACKEND))
+    }
+}
+
+/// The claim, one `CALL` and one round trip: arguments key, fingerprint, lease in
+/// milliseconds, the caller's token.
+///
+/// It reads the record's end without a lock; only when no live record is there does it
+/// write: an `INSERT` where there is no row (a duplicate key means a concurrent claim won:
+/// the answer is that claim), or a takeover `UPDATE ... WHERE ends_at <= now` where the
+/// record ended. Then it answers with the row as it is, in this column order (read by
+/// position): `taken` (this call wrote it), `recovered` (it replaced an abandoned claim),
+/// `live`, `completed`, `fingerprint`, `token`, `payload`, `remaining_ms`. A live
+/// claim held by the caller's token is the caller's claim resent: nothing is written.
+///
+/// Assignments in an `UPDATE` run left to right in MySQL, each seeing the ones before it,
+/// which is why `ends_at`, which the condition reads, is always assigned last.
+fn claim_procedure(t: &str, name: &str) -> String {
+    format!(
+        "CREATE PROCEDURE IF NOT EXISTS {name}(
+            IN k VARBINARY(1281), IN fp VARBINARY(16), IN lease_ms BIGINT, IN tok BIGINT)
+        SQL SECURITY INVOKER
+        BEGIN
+            DECLARE now_ms BIGINT DEFAULT {NOW_MS};
+            DECLARE prev_ends BIGINT DEFAULT NULL;
+            DECLARE prev_completed BOOLEAN DEFAULT FALSE;
+            DECLARE taken BOOLEAN DEFAULT FALSE;
+            DECLARE lost BOOLEAN DEFAULT FALSE;
+            DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
+            DECLARE CONTINUE HANDLER FOR 1062 SET lost = TRUE;
+            SELECT ends_at, completed INTO prev_ends, prev_completed FROM {t} WHERE `key` = k;
+            IF prev_ends IS NULL THEN
+                INSERT INTO {t} (`key`, fingerprint, token, completed, payload, ends_at)
+                    VALUES (k, fp, tok, FALSE, NULL, now_ms + lease_ms);
+                SET taken = NOT lost;
+            ELSEIF prev_ends <= now_ms THEN
+                UPDATE {t} SET fingerprint = fp, token = tok, completed = FALSE, payload = NULL,
+                    ends_at = now_ms + lease_ms
+                    WHERE `key` = k AND ends_at <= now_ms;
+                SET taken = ROW_COUNT() = 1;
+            END IF;
+            SELECT taken AS taken,
+                   taken AND prev_ends IS NOT NULL AND NOT prev_completed AS recovered,
+                   ends_at > now_ms AS live,
+                   completed, fingerprint, token, payload, ends_at - now_ms AS remaining_ms
+            FROM {t} WHERE `key` = k;
+        END"
+    )
+}

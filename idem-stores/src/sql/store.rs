@@ -1,0 +1,317 @@
+//! [`SqlStore`]: records in one SQL table, on a sqlx pool, for any [`Dialect`]. The steps
+//! other than the claim are the same statement shape in every dialect (one statement,
+//! guarded by key, token and the database's clock), so they are written here once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use idem_core::{Capabilities, Claim, Error, Fingerprint, Key, Record, Store, StoreError, Token};
+
+use super::dialect::{Arg, ClaimRequest, Col, Dialect, Sql, Statements};
+use super::{millis, store_error, token_to_db, LiveRow, TableName, DEFAULT_TABLE};
+
+/// Idempotency records in one SQL table (default `idem_records`) on a sqlx pool: the
+/// shape every SQL store shares. Use it by its dialect's name:
+/// [`PostgresStore`](crate::PostgresStore), [`SqliteStore`](crate::SqliteStore),
+/// [`MySqlStore`](crate::MySqlStore).
+///
+/// **Who creates the table.** A store that opens its own pool (`connect`, `connect_with`,
+/// `open`, and their builder forms) runs [`migrate`](Self::migrate) before it returns, as
+/// [`idem_stores::connect`](crate::connect) does; turn that off with the builder's
+/// `migrate(false)` where the service's database user may not create tables. A store on
+/// your pool ([`new`](Self::new)) touches nothing until its first step: call
+/// [`migrate`](Self::migrate) once at startup. A step on a missing table fails with
+/// [`StoreError::NotSetUp`] saying so, and the body does not run.
+///
+/// Leases and expiry run on the database's clock, never the client's; fencing tokens are
+/// the caller's, kept in the row.
+pub struct SqlStore<D: Dialect> {
+    pool: sqlx::Pool<D>,
+    table: TableName,
+    sql: Arc<Statements>,
+}
+
+impl<D: Dialect> Clone for SqlStore<D> {
+    fn clone(&self) -> Self {
+        SqlStore {
+            pool: self.pool.clone(),
+            table: self.table.clone(),
+            sql: self.sql.clone(),
+        }
+    }
+}
+
+impl<D: Dialect> std::fmt::Debug for SqlStore<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct(D::STORE)
+            .field("table", &self.table)
+            .field("pool_size", &self.pool.size())
+            .finish()
+    }
+}
+
+impl<D: Dialect> SqlStore<D> {
+    /// A store on your own pool, with the default table `idem_records`. It does not touch
+    /// the database: call [`migrate`](Self::migrate) once before the first step.
+    ///
+    /// sqlx pools ping each connection before lending it out unless built with
+    /// `test_before_acquire(false)`; that ping is one more round trip before every step.
+    /// sqlx's default acquire timeout is 30 s: set `acquire_timeout` at or below the
+    /// engine's step timeout.
+    pub fn new(pool: sqlx::Pool<D>) -> Self {
+        let table = TableName::parse(D::BACKEND, DEFAULT_TABLE, D::SCHEMA_QUALIFIED)
+            .expect("the default table name is valid");
+        SqlStore {
+            pool,
+            sql: Arc::new(D::statements(&table)),
+            table,
+        }
+    }
+
+    /// Uses `table` instead of `idem_records`: an identifier (`[A-Za-z_][A-Za-z0-9_]*`, at
+    /// most 48 bytes); on Postgres optionally schema-qualified (`idem.records`, the schema
+    /// must exist). Like [`new`](Self::new) it does not touch the database: call
+    /// [`migrate`](Self::migrate), or name the table in the builder
+    /// (`builder().table(...)`) so that connecting migrates it.
+    pub fn with_table(mut self, table: &str) -> Result<Self, Error> {
+        self.table = TableName::parse(D::BACKEND, table, D::SCHEMA_QUALIFIED)?;
+        self.sql = Arc::new(D::statements(&self.table));
+        Ok(self)
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &sqlx::Pool<D> {
+        &self.pool
+    }
+
+    /// The table name, as given.
+    pub fn table(&self) -> String {
+        self.table.to_string()
+    }
+
+    pub(crate) fn statements(&self) -> &Statements {
+        &self.sql
+    }
+
+    /// Creates the table and what it needs when they are missing, and brings an older
+    /// schema up to the version this build reads.
+    ///
+    /// Safe to run from several processes at once: each dialect serialises it on a lock
+    /// named after the table (Postgres `pg_advisory_xact_lock`, SQLite `BEGIN IMMEDIATE`,
+    /// MySQL `GET_LOCK`); the others wait, then find nothing to do. Fails when the table
+    /// was migrated by a newer version of this crate.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let migration = D::migration(&self.table);
+        let mut conn = self.pool.acquire().await.map_err(|e| self.error(e))?;
+        for sql in &migration.lock {
+            D::execute_raw(&mut conn, sql)
+                .await
+                .map_err(|e| self.error(e))?;
+        }
+        let outcome = self.migrate_locked(&mut conn, &migration).await;
+        let end = if outcome.is_ok() {
+            &migration.commit
+        } else {
+            &migration.abort
+        };
+        for sql in end {
+            if let Err(e) = D::execute_raw(&mut conn, sql).await {
+                // A connection left inside a transaction or holding the lock must not go
+                // back to the pool.
+                conn.close_on_drop();
+                if outcome.is_ok() {
+                    return Err(self.error(e));
+                }
+            }
+        }
+        outcome
+    }
+
+    async fn migrate_locked(
+        &self,
+        conn: &mut D::Connection,
+        migration: &super::dialect::Migration,
+    ) -> Result<(), StoreError> {
+        let err = |e| self.error(e);
+        D::execute_raw(conn, &migration.create_versions)
+            .await
+            .map_err(err)?;
+        let current = D::fetch_i64_raw(conn, &migration.current_version)
+            .await
+            .map_err(err)?;
+        let newest = migration.steps.last().map_or(0, |(v, _)| *v);
+        if current > newest {
+            return Err(StoreError::NotSetUp {
+                backend: D::BACKEND,
+                message: format!(
+                    "the table `{}` has schema version {current}, newer than this build's {newest}: \
+                     upgrade idem before using it",
+                    self.table
+                ),
+            });
+        }
+        for (version, statements) in &migration.steps {
+            if *version <= current {
+                continue;
+            }
+            for statement in statements {
+                D::execute_raw(conn, statement).await.map_err(err)?;
+            }
+            let record = migration
+                .record_version
+                .replace("{version}", &version.to_string());
+            D::execute_raw(conn, &record).await.map_err(err)?;
+            tracing::info!(target: "idem", backend = D::BACKEND, table = %self.table, version, "migrated the store's table");
+        }
+        Ok(())
+    }
+
+    /// Deletes records that have ended (expired results, leases ended and not taken over),
+    /// at most `limit` per statement, statement after statement until none is left; returns
+    /// how many it deleted. Each batch is its own short statement, so claims get their turn
+    /// between batches and a large table is cleaned without one long lock.
+    ///
+    /// Ended records are never answered, so this only reclaims space: run it on a schedule
+    /// (every few minutes, from one process or several).
+    pub async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
+        let limit = i64::from(limit.max(1));
+        let mut total = 0;
+        loop {
+            let done = D::execute(&self.pool, &self.sql.purge, vec![Arg::Int(limit)])
+                .await
+                .map_err(|e| self.error(e))?;
+            let n = D::rows_affected(&done);
+            total += n;
+            if n < limit as u64 {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Sorts a sqlx error of this store.
+    pub(crate) fn error(&self, e: sqlx::Error) -> StoreError {
+        store_error(D::BACKEND, &self.table, D::STORE, D::classify, e)
+    }
+
+    /// Runs a statement guarded by key and token: `Ok` when it affected one row.
+    async fn guarded(
+        &self,
+        sql: &Sql,
+        key: &Key,
+        token: Token,
+        rest: Vec<Arg>,
+    ) -> Result<(), StoreError> {
+        let mut args = vec![D::key(key), Arg::Int(token_to_db(token))];
+        args.extend(rest);
+        let done = D::execute(&self.pool, sql, args)
+            .await
+            .map_err(|e| self.error(e))?;
+        if D::rows_affected(&done) == 1 {
+            Ok(())
+        } else {
+            Err(StoreError::Fenced)
+        }
+    }
+
+    /// The live-record columns of `row`, as every dialect names them.
+    pub(crate) fn live_row(&self, row: &D::Row, completed: bool) -> Result<LiveRow, StoreError> {
+        let read = || -> Result<LiveRow, sqlx::Error> {
+            Ok(LiveRow {
+                completed,
+                fingerprint: D::bytes(row, Col::Name("fingerprint"))?.unwrap_or_default(),
+                token: D::int(row, Col::Name("token"))?,
+                payload: D::bytes(row, Col::Name("payload"))?,
+                remaining_ms: D::int(row, Col::Name("remaining_ms"))?,
+            })
+        };
+        read().map_err(|e| self.error(e))
+    }
+}
+
+#[async_trait]
+impl<D: Dialect> Store for SqlStore<D> {
+    async fn claim(
+        &self,
+        key: &Key,
+        fingerprint: &Fingerprint,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        let request = ClaimRequest {
+            key,
+            fingerprint,
+            token,
+            lease,
+        };
+        D::claim(self, request).await
+    }
+
+    async fn complete(
+        &self,
+        key: &Key,
+        token: Token,
+        payload: Bytes,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        let rest = vec![Arg::Bytes(payload.to_vec()), Arg::Int(millis(ttl))];
+        self.guarded(&self.sql.complete, key, token, rest).await
+    }
+
+    async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError> {
+        match self.guarded(&self.sql.release, key, token, vec![]).await {
+            Err(StoreError::Fenced) => {
+                // A second statement only on this rare path: nothing deleted is a repeat
+                // when no record is there, fenced when another claim's record is.
+                let row = D::fetch_optional(&self.pool, &self.sql.exists, vec![D::key(key)])
+                    .await
+                    .map_err(|e| self.error(e))?;
+                if row.is_some() {
+                    Err(StoreError::Fenced)
+                } else {
+                    Ok(())
+                }
+            }
+            other => other,
+        }
+    }
+
+    async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
+        let rest = vec![Arg::Int(millis(lease))];
+        self.guarded(&self.sql.extend, key, token, rest).await
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        let row = D::fetch_optional(&self.pool, &self.sql.get, vec![D::key(key)])
+            .await
+            .map_err(|e| self.error(e))?;
+        match row {
+            None => Ok(None),
+            Some(row) => {
+                let completed = D::flag(&row, Col::Name("completed")).map_err(|e| self.error(e))?;
+                self.live_row(&row, completed)?
+                    .into_record(D::BACKEND)
+                    .map(Some)
+            }
+        }
+    }
+
+    async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
+        // Deletes the live record only: an ended one is no record to a caller, and purge
+        // or the next claim takes care of it.
+        let done = D::execute(&self.pool, &self.sql.delete, vec![D::key(key)])
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(D::rows_affected(&done) == 1)
+    }
+
+    /// Every dialect keeps an ended claim's row until it is taken over or purged.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::NONE.with_reports_recovery(true)
+    }
+
+    fn backend(&self) -> &'static str {
+        D::BACKEND
+    }
+}
