@@ -1,7 +1,9 @@
 //! [`Call`]: one call's key, fingerprint and options, set one by one before it runs.
 
+use std::marker::PhantomData;
 use std::time::Duration;
 
+use super::outcome::{Answer, Bare, WithOutcome};
 use super::Idem;
 use crate::codec::{BuiltinCodec, Codec};
 use crate::error::Error;
@@ -31,8 +33,12 @@ pub enum MissingKey {
 }
 
 /// One idempotent call: its key, fingerprint and options. Built by [`Idem::call`].
+///
+/// `C` is the codec of its result; `R` says what its run methods answer: the bare value
+/// ([`Bare`], the default), or an [`Outcome`](crate::Outcome) that also tells a first run
+/// from a replay ([`WithOutcome`], after [`with_outcome`](Call::with_outcome)).
 #[must_use = "a call does nothing until `.run(...)` is awaited"]
-pub struct Call<'a, C = BuiltinCodec> {
+pub struct Call<'a, C = BuiltinCodec, R = Bare> {
     pub(super) idem: &'a Idem,
     pub(super) key: Result<Key, Error>,
     pub(super) fingerprint: Fingerprint,
@@ -43,9 +49,10 @@ pub struct Call<'a, C = BuiltinCodec> {
     pub(super) version: u64,
     pub(super) missing_key: MissingKey,
     pub(super) codec: C,
+    pub(super) answer: PhantomData<fn() -> R>,
 }
 
-impl<'a, C: Codec> Call<'a, C> {
+impl<'a, C: Codec, R: Answer> Call<'a, C, R> {
     /// The fingerprint of the request (default [`Fingerprint::NONE`]: no check).
     pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
         self.fingerprint = fingerprint;
@@ -94,7 +101,7 @@ impl<'a, C: Codec> Call<'a, C> {
     }
 
     /// The codec of this call's result.
-    pub fn codec<C2: Codec>(self, codec: C2) -> Call<'a, C2> {
+    pub fn codec<C2: Codec>(self, codec: C2) -> Call<'a, C2, R> {
         Call {
             idem: self.idem,
             key: self.key,
@@ -106,6 +113,43 @@ impl<'a, C: Codec> Call<'a, C> {
             version: self.version,
             missing_key: self.missing_key,
             codec,
+            answer: PhantomData,
+        }
+    }
+
+    /// Makes the run methods answer an [`Outcome`](crate::Outcome): the value and its
+    /// [`Origin`](crate::Origin), which tells a first run ([`Origin::Ran`](crate::Origin::Ran))
+    /// from a replay read from the store or from the local cache. A fallible body answers
+    /// `Result<Outcome<T>, E>`; its `Err` is the body's own error or idem's (with
+    /// [`run_caching_errors`](Call::run_caching_errors), a replayed error is an `Err` too,
+    /// and carries no origin).
+    ///
+    /// ```
+    /// # use idem::{Fingerprint, Idem, Key, MemoryStore, Origin};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idem::Error> {
+    /// let idem = Idem::new(MemoryStore::new());
+    /// let charge = || async { Ok::<u64, idem::Error>(1000) };
+    /// let key = Key::new("billing::charge", "o-1")?;
+    /// let first = idem.call(key.clone()).with_outcome().run_fallible(charge).await?;
+    /// let again = idem.call(key).with_outcome().run_fallible(charge).await?;
+    /// assert_eq!((first.origin(), *first.value()), (Origin::Ran, 1000));
+    /// assert_eq!((again.origin(), again.is_replay()), (Origin::Store, true));
+    /// # Ok(()) }
+    /// ```
+    pub fn with_outcome(self) -> Call<'a, C, WithOutcome> {
+        Call {
+            idem: self.idem,
+            key: self.key,
+            fingerprint: self.fingerprint,
+            ttl: self.ttl,
+            lease: self.lease,
+            in_progress: self.in_progress,
+            wait_timeout: self.wait_timeout,
+            version: self.version,
+            missing_key: self.missing_key,
+            codec: self.codec,
+            answer: PhantomData,
         }
     }
 }

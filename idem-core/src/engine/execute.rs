@@ -10,18 +10,20 @@ use super::claim::{claim_or_wait, Claimed};
 use super::complete::{check_round_trip, decode, store_result, ErrorPolicy, ValueEq};
 use super::heartbeat::with_heartbeat;
 use super::release::ReleaseGuard;
-use super::{Call, MissingKey};
+use super::{Call, MissingKey, Origin};
 use crate::codec::Codec;
 use crate::envelope::{self, Kind};
 use crate::error::Error;
 
-impl<C: Codec> Call<'_, C> {
+impl<C: Codec, R> Call<'_, C, R> {
+    /// Runs the call: the body's outcome (or the stored one) and where it came from, or
+    /// idem's own error.
     pub(super) async fn execute<T, E, F, Fut, P>(
         self,
         body: F,
         policy: P,
         eq: ValueEq<T>,
-    ) -> Result<Result<T, E>, Error>
+    ) -> Result<(Result<T, E>, Origin), Error>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
@@ -33,7 +35,7 @@ impl<C: Codec> Call<'_, C> {
             Err(Error::MissingKey { scope }) if self.missing_key == MissingKey::Run => {
                 tracing::warn!(target: "idem", scope = %scope,
                     "no idempotency key for this call: running it without idempotency");
-                return Ok(body().await);
+                return Ok((body().await, Origin::Ran));
             }
             Err(e) => return Err(e),
         };
@@ -63,7 +65,8 @@ impl<C: Codec> Call<'_, C> {
                 return Err(Error::KeyReuse { key });
             }
             tracing::debug!(target: "idem", key = %key, "replay from the local cache");
-            return decode(codec, &policy, version, key, &hit.payload);
+            let out = decode(codec, &policy, version, key, &hit.payload)?;
+            return Ok((out, Origin::LocalCache));
         }
 
         let claimed = claim_or_wait(store, step_timeout, &key, fp, lease, mode, wait_timeout);
@@ -76,7 +79,8 @@ impl<C: Codec> Call<'_, C> {
                 if let Some(cache) = &inner.cache {
                     cache.insert(key.clone(), fingerprint, payload.clone(), ttl);
                 }
-                return decode(codec, &policy, version, key, &payload);
+                let out = decode(codec, &policy, version, key, &payload)?;
+                return Ok((out, Origin::Store));
             }
         };
 
@@ -90,7 +94,7 @@ impl<C: Codec> Call<'_, C> {
             Err(e) if policy.cache(e) => policy.seal(codec, version, e),
             Err(_) => {
                 guard.release().await;
-                return Ok(beat.out);
+                return Ok((beat.out, Origin::Ran));
             }
         };
         // The body succeeded (or failed in a way to keep): from here on a release would
@@ -107,6 +111,6 @@ impl<C: Codec> Call<'_, C> {
         if let Some(cache) = &inner.cache {
             cache.insert(key, fp, sealed, ttl);
         }
-        Ok(out)
+        Ok((out, Origin::Ran))
     }
 }

@@ -24,12 +24,14 @@ mod claim;
 mod complete;
 mod execute;
 mod heartbeat;
+pub mod outcome;
 mod release;
 mod run;
 mod step;
 
 pub use builder::IdemBuilder;
 pub use call::{Call, InProgress, MissingKey};
+pub use outcome::{Origin, Outcome};
 
 use step::step;
 
@@ -136,6 +138,7 @@ impl Idem {
             version: 0,
             missing_key: MissingKey::Error,
             codec: self.inner.codec,
+            answer: std::marker::PhantomData,
         }
     }
 
