@@ -16,7 +16,8 @@
 //! for _ in 0..3 {
 //!     let key = Key::new("billing::charge", "order-42")?;
 //!     let receipt: String = idem
-//!         .run(key, Fingerprint::of(&1250u64), || async {
+//!         .call(key, Fingerprint::of(&1250u64))
+//!         .run(|| async {
 //!             charges.fetch_add(1, Ordering::SeqCst); // the side effect
 //!             "receipt-1".to_string()
 //!         })
@@ -36,8 +37,8 @@
 //! # async fn main() {
 //! # let idem = Idem::new(MemoryStore::new());
 //! let key = Key::new("billing::charge", "order-42").unwrap();
-//! let _: u32 = idem.run(key.clone(), Fingerprint::of(&1250u64), || async { 1 }).await.unwrap();
-//! let err = idem.run::<u32, _, _>(key, Fingerprint::of(&9999u64), || async { 2 }).await.unwrap_err();
+//! let _: u32 = idem.call(key.clone(), Fingerprint::of(&1250u64)).run(|| async { 1 }).await.unwrap();
+//! let err = idem.call(key, Fingerprint::of(&9999u64)).run::<u32, _, _>(|| async { 2 }).await.unwrap_err();
 //! assert!(matches!(err, Error::KeyReuse { .. }));
 //! # }
 //! ```
@@ -567,8 +568,8 @@ pub use idem_stores::MemoryStore;
 ///         // The fingerprint digests every argument that is not skipped (`self` never is).
 ///         let fingerprint = Fingerprint::of(&(&req,));
 ///         engine
-///             .call_checked(key) // an invalid key is returned as an error, before the store
-///             .fingerprint(fingerprint)
+///             // An invalid key is returned as an error, before the store.
+///             .call_checked(key, fingerprint)
 ///             .ttl(Duration::from_millis(86_400_000)) // "24h", checked at compile time
 ///             // A `Result` body: `Ok` is stored, `Err` releases the key, and idem's own
 ///             // errors become `PaymentError` through `From<idem::Error>`.

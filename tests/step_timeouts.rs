@@ -165,9 +165,8 @@ async fn a_hanging_claim_times_out_and_the_body_does_not_run() {
     let runs = AtomicU32::new(0);
     let started = Instant::now();
     let err = idem
-        .run(key("claim"), Fingerprint::NONE, || async {
-            runs.fetch_add(1, Ordering::SeqCst)
-        })
+        .call(key("claim"), Fingerprint::NONE)
+        .run(|| async { runs.fetch_add(1, Ordering::SeqCst) })
         .await
         .unwrap_err();
     assert_eq!(started.elapsed(), STEP);
@@ -179,11 +178,10 @@ async fn a_hanging_claim_times_out_and_the_body_does_not_run() {
     );
     assert_eq!(store.claim.abandoned(), 1);
     // The store answers again: the next call runs.
-    idem.run(key("claim"), Fingerprint::NONE, || async {
-        runs.fetch_add(1, Ordering::SeqCst)
-    })
-    .await
-    .unwrap();
+    idem.call(key("claim"), Fingerprint::NONE)
+        .run(|| async { runs.fetch_add(1, Ordering::SeqCst) })
+        .await
+        .unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
@@ -196,7 +194,7 @@ async fn the_heartbeat_keeps_beating_while_one_extend_hangs() {
     // timeout, and without the next beats the lease would end at 3 s and the result would
     // be refused as a lost lease.
     let v: u32 = idem
-        .call(key("heartbeat"))
+        .call(key("heartbeat"), Fingerprint::NONE)
         .lease(lease)
         .run(|| async {
             tokio::time::sleep(Duration::from_secs(10)).await;
@@ -225,7 +223,7 @@ async fn a_hanging_complete_answers_a_store_error_before_the_lease_ends() {
     let runs = AtomicU32::new(0);
     let started = Instant::now();
     let err = idem
-        .call(key("complete"))
+        .call(key("complete"), Fingerprint::NONE)
         .lease(lease)
         .run(|| async { runs.fetch_add(1, Ordering::SeqCst) })
         .await
@@ -257,15 +255,14 @@ async fn a_hanging_release_is_abandoned_and_the_body_error_returned() {
     store.release.set(1);
     let started = Instant::now();
     let out: Result<u8, Error> = idem
-        .call(key("release"))
+        .call(key("release"), Fingerprint::NONE)
         .run_fallible(|| async {
-            Err(Error::InvalidKey {
-                key: "body".into(),
-                reason: "the body failed".into(),
+            Err(Error::MissingKey {
+                scope: "the body failed".into(),
             })
         })
         .await;
-    assert!(matches!(out, Err(Error::InvalidKey { .. })), "{out:?}");
+    assert!(matches!(out, Err(Error::MissingKey { .. })), "{out:?}");
     assert_eq!(started.elapsed(), STEP);
     assert_eq!(store.release.abandoned(), 1);
 }
@@ -274,9 +271,9 @@ async fn a_hanging_release_is_abandoned_and_the_body_error_returned() {
 async fn the_background_release_of_a_dropped_call_is_bounded() {
     let (store, idem) = setup();
     store.release.set(1);
-    let call = idem.run(key("dropped"), Fingerprint::NONE, || async {
-        std::future::pending::<u8>().await
-    });
+    let call = idem
+        .call(key("dropped"), Fingerprint::NONE)
+        .run(|| async { std::future::pending::<u8>().await });
     assert!(tokio::time::timeout(Duration::from_millis(100), call)
         .await
         .is_err());
