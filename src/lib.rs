@@ -58,8 +58,8 @@ pub use idem_core::{async_trait, digest_hex, Bytes};
 pub use idem_core::{
     codec, BoxError, BuiltinCodec, Call, Capabilities, Claim, Codec, DecodeError, Error,
     Fingerprint, Idem, IdemBuilder, InProgress, Json, Key, MissingKey, Origin, Outcome,
-    ReadableKeyId, Record, Store, StoreError, Token, DEFAULT_LEASE, DEFAULT_STEP_TIMEOUT,
-    DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
+    ReadableKeyId, Record, Store, StoreError, StoreWrapper, Token, DEFAULT_LEASE,
+    DEFAULT_STEP_TIMEOUT, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
 };
 pub use idem_stores::MemoryStore;
 
@@ -209,7 +209,7 @@ pub use idem_stores::MemoryStore;
 /// |---|---|---|
 /// | `key` | any expression of the arguments: a string, an integer or a `Serialize` value | digest of the arguments |
 /// | `scope` | a string literal without `/` | module path and function name |
-/// | `store` | an expression of type `Idem`, `&Idem`, `Arc<Idem>` (anything that derefs to `Idem`) | the global engine ([`set_global`]) |
+/// | `store` | the engine: an expression of type `Idem`, or `&`, `&mut`, `Arc`, `Rc` or `Box` of one (another pointer as `&*ptr`); not a bare store, which is a compile error saying so | the global engine ([`set_global`]) |
 /// | `ttl` | how long a result is kept: `"24h"` or a `Duration` expression | the engine's (24 hours) |
 /// | `lease` | how long a claim holds the key before another caller may take it over | the engine's (30 seconds) |
 /// | `in_progress` | `"reject"` or `"wait"`: what a duplicate does while the first call runs | the engine's (`"reject"`) |
@@ -559,7 +559,7 @@ pub use idem_stores::MemoryStore;
 ///
 /// impl Payments {
 ///     pub async fn charge(&self, req: ChargeRequest) -> Result<Receipt, PaymentError> {
-///         // `store = self.idem`: any expression that derefs to an `Idem`.
+///         // `store = self.idem`: an `Idem`, or a reference or pointer to one.
 ///         let engine: Idem = self.idem.clone();
 ///         // Key and fingerprint come first, from the arguments as passed.
 ///         // `key = req.order_id`: a string stays readable; the scope is the module path,

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{
-    Bytes, Capabilities, Claim, DecodeError, Error, Fingerprint, Idem, InProgress, Key,
-    MemoryStore, Record, Store, StoreError, Token,
+    Bytes, Claim, DecodeError, Error, Fingerprint, Idem, InProgress, Key, MemoryStore, Record,
+    Store, StoreError, StoreWrapper, Token,
 };
 
 /// A memory store that counts calls and can fail on demand.
@@ -47,7 +47,11 @@ fn unavailable() -> StoreError {
 }
 
 #[idem::async_trait]
-impl Store for Faulty {
+impl StoreWrapper for Faulty {
+    type Inner = MemoryStore;
+    fn inner(&self) -> &MemoryStore {
+        &self.inner
+    }
     async fn claim(
         &self,
         key: &Key,
@@ -110,18 +114,6 @@ impl Store for Faulty {
     async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.extend(key, token, lease).await
-    }
-    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key).await
-    }
-    async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
-        self.inner.delete(key).await
-    }
-    async fn wait(&self, key: &Key, at_most: Duration) -> Result<(), StoreError> {
-        self.inner.wait(key, at_most).await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
     }
 }
 
@@ -1022,4 +1014,81 @@ async fn a_result_that_does_not_survive_its_codec_is_refused_and_not_rerun() {
         );
     }
     assert_eq!(runs.load(Ordering::SeqCst), 2, "neither body ran twice");
+}
+
+/// Counts claims and nothing else: every other step, `wait` and `capabilities` included,
+/// comes from the memory store through `StoreWrapper`'s defaults.
+#[derive(Debug, Default)]
+struct CountingClaims {
+    inner: MemoryStore,
+    claims: AtomicU32,
+}
+
+#[idem::async_trait]
+impl StoreWrapper for CountingClaims {
+    type Inner = MemoryStore;
+    fn inner(&self) -> &MemoryStore {
+        &self.inner
+    }
+    async fn claim(
+        &self,
+        key: &Key,
+        fp: &Fingerprint,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        self.inner.claim(key, fp, token, lease).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wrapper_that_overrides_one_step_keeps_the_inner_store_s_wake_ups() {
+    let store = Arc::new(CountingClaims::default());
+    assert_eq!(
+        Store::capabilities(&*store),
+        MemoryStore::new().capabilities()
+    );
+    assert_eq!(Store::backend(&*store), "memory");
+    let idem = Idem::builder()
+        .store(store.clone())
+        .wait_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let holder = {
+        let idem = idem.clone();
+        tokio::spawn(async move {
+            idem.call(key("woken"), Fingerprint::NONE)
+                .run(|| async move {
+                    release_rx.await.unwrap();
+                    1u32
+                })
+                .await
+        })
+    };
+    while store.claims.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let waiters: Vec<_> = (0..10)
+        .map(|_| {
+            let idem = idem.clone();
+            tokio::spawn(async move {
+                idem.call(key("woken"), Fingerprint::NONE)
+                    .in_progress(InProgress::Wait)
+                    .run(|| async { 2u32 })
+                    .await
+            })
+        })
+        .collect();
+    // The waiters claim once, find the key held, and wait: woken by the memory store, not
+    // polling. With a 400 ms hold, polling (5 ms doubling to 250 ms) would claim about six
+    // times per waiter; woken waiters claim once before and once after.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    release_tx.send(()).unwrap();
+    assert_eq!(holder.await.unwrap().unwrap(), 1);
+    for waiter in waiters {
+        assert_eq!(waiter.await.unwrap().unwrap(), 1);
+    }
+    assert_eq!(store.claims.load(Ordering::SeqCst), 1 + 10 * 2);
 }
