@@ -51,7 +51,9 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-use std::sync::OnceLock;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 pub use idem_core::outcome;
 pub use idem_core::{async_trait, digest_hex, Bytes};
@@ -304,7 +306,11 @@ pub use idem_stores::MemoryStore;
 /// ```
 ///
 /// Without `store`, the global engine is used: the one given to [`set_global`] at start-up,
-/// or else an in-memory one.
+/// or else an implicit in-memory one, for tests. The implicit one is never silent: the
+/// first call of each function on it logs a `warn` naming the function, and once the
+/// process has built an engine on a shared store (Postgres, Redis, any but memory), calls
+/// on it fail with [`Error::Config`] naming the function, so a `store = self.idem`
+/// forgotten in a service cannot quietly keep its records in one process.
 ///
 /// ## `ttl`, `lease`, `in_progress`, `wait_timeout`
 ///
@@ -663,17 +669,57 @@ pub mod stores {
 }
 
 static GLOBAL: OnceLock<Idem> = OnceLock::new();
+/// Whether [`set_global`] chose the global engine (rather than the implicit default).
+static CHOSEN: AtomicBool = AtomicBool::new(false);
 
 /// Sets the engine that `#[idempotent]` functions without `store = ...` use. It can be set
 /// once, before the first such call; afterwards it returns the engine back as `Err`.
-/// Without it, the global engine is an in-memory store with every default.
+///
+/// Without it, such functions run on an implicit in-process engine on a [`MemoryStore`],
+/// which is what unit tests want and what a service of several instances must not have: an
+/// in-process store shares nothing between processes. So the implicit engine is guarded:
+///
+/// - the first call of each such function logs a `warn` event (target `idem`) naming it;
+/// - once the process has built an engine on any other store (a Postgres or Redis `Idem`,
+///   the sign of a service whose idempotency must be shared), a call of a function left
+///   on the implicit engine fails with [`Error::Config`] naming it, and its body does not
+///   run, instead of quietly keeping its records in memory.
+///
+/// To use the memory store on purpose, say so: `idem::set_global(Idem::new(MemoryStore::new()))`.
 pub fn set_global(idem: Idem) -> Result<(), Idem> {
-    GLOBAL.set(idem)
+    GLOBAL.set(idem)?;
+    CHOSEN.store(true, Ordering::SeqCst);
+    Ok(())
 }
 
-/// The global engine: the one given to [`set_global`], or else an in-memory one.
+/// The global engine: the one given to [`set_global`], or else the implicit in-memory one.
 pub fn global() -> &'static Idem {
     GLOBAL.get_or_init(|| Idem::new(MemoryStore::new()))
+}
+
+/// What a function without `store = ...` may run on: see [`set_global`].
+fn implicit_global(scope: &str, key: Result<Key, Error>) -> Result<Key, Error> {
+    if CHOSEN.load(Ordering::SeqCst) {
+        return key;
+    }
+    if let Some(backend) = idem_core::private::shared_backend_in_use() {
+        return Err(Error::Config {
+            message: format!(
+                "`{scope}` has no `store = ...` and no global engine was chosen, while this process uses a {backend} store: it would keep its records in an in-process memory store, which no other instance sees. Give its #[idempotent] a `store = <your Idem>`, or choose the global engine at startup with idem::set_global(...)"
+            ),
+            source: None,
+        });
+    }
+    static WARNED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    let first = WARNED
+        .lock()
+        .map(|mut warned| warned.insert(scope.to_owned()))
+        .unwrap_or(false);
+    if first {
+        tracing::warn!(target: "idem", scope = %scope,
+            "an #[idempotent] fn without `store = ...` runs on the implicit in-process memory engine: fine in tests; a service of several instances needs `store = <its Idem>` or idem::set_global(...)");
+    }
+    key
 }
 
 /// An engine with every default on the store a URL names (`memory://`, `sqlite://...`,
@@ -699,5 +745,14 @@ pub mod __private {
     /// The engine of a function without `store = ...`.
     pub fn global() -> &'static idem_core::Idem {
         crate::global()
+    }
+
+    /// The key of a call on the engine of a function without `store = ...`, or the
+    /// configuration error that refuses it (see [`set_global`](crate::set_global)).
+    pub fn implicit_global(
+        scope: &str,
+        key: Result<idem_core::Key, idem_core::Error>,
+    ) -> Result<idem_core::Key, idem_core::Error> {
+        crate::implicit_global(scope, key)
     }
 }

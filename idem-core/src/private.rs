@@ -246,6 +246,12 @@ macro_rules! engine_through {
 }
 engine_through!(&T, &mut T, std::sync::Arc<T>, std::rc::Rc<T>, Box<T>);
 
+/// The backend of the first engine this process built on a store other than memory, if
+/// any: `#[idempotent]` fns on the implicit in-process engine are refused once there is one.
+pub fn shared_backend_in_use() -> Option<&'static str> {
+    crate::engine::SHARED_BACKEND.get().copied()
+}
+
 /// The engine of `store = <expr>`. Cloned (one `Arc` increment) so that the expression may
 /// borrow `self` while the body takes `self` by value.
 pub fn engine<E: EngineRef + ?Sized>(idem: &E) -> Idem {

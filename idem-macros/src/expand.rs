@@ -138,6 +138,13 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
         (None, None) => quote!(::core::concat!(::core::module_path!(), "::", #name)),
     };
 
+    // A function on the implicit global engine is checked at each call (see
+    // `idem::set_global`): its key becomes the error that refuses it.
+    let implicit = match &args.store {
+        Some(_) => TokenStream::new(),
+        None => quote!(let #key = #pr::implicit_global(#scope, #key);),
+    };
+
     // The tuple of digested arguments, when the key or the fingerprint needs it.
     let fingerprint = args.fingerprint.as_ref().map(|o| &o.value);
     let needs_args = args.key.is_none() || fingerprint.is_none();
@@ -275,6 +282,7 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
             #arg_stmts
             (#key_expr, #fp_expr)
         };
+        #implicit
         #engine_call
     };
 

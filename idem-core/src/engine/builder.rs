@@ -116,6 +116,11 @@ impl IdemBuilder {
                 });
             }
         }
+        if store.backend() != "memory" {
+            // Remembered so that a function left on the implicit in-process engine is
+            // refused rather than silently unshared (see `idem::set_global`).
+            let _ = SHARED_BACKEND.set(store.backend());
+        }
         Ok(Idem {
             inner: Arc::new(Inner {
                 store,
@@ -133,6 +138,10 @@ impl IdemBuilder {
         })
     }
 }
+
+/// The backend of the first engine this process built on a store other than the memory
+/// store: the sign of a service whose idempotency must be shared between instances.
+pub(crate) static SHARED_BACKEND: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
 
 /// Whether a ttl, lease or timeout is within what stores and clocks can keep.
 pub(super) fn check_duration(d: Duration) -> Result<(), &'static str> {

@@ -30,6 +30,7 @@ mod run;
 mod step;
 
 pub use builder::IdemBuilder;
+pub(crate) use builder::SHARED_BACKEND;
 pub use call::{Call, InProgress, MissingKey};
 pub use outcome::{Origin, Outcome};
 
