@@ -74,6 +74,16 @@ pub fn check(func: &ItemFn, args: &Args) -> Result<Func, syn::Error> {
         shape = Some(Shape::Async);
     } else if let Some(body) = async_trait_body(&func.block) {
         shape = Some(Shape::AsyncTrait { body });
+    } else if let Some(ty) = returned_future(&sig.output) {
+        // A future built by hand: often a trait method written for `#[async_trait]`
+        // without the attribute on the impl, or a trait whose method returns a future.
+        errors.push(syn::Error::new_spanned(
+            ty,
+            format!(
+                "#[idempotent] goes on an `async fn`, and `{name}` returns a future it builds itself: in an impl of an `#[async_trait]` trait, put `#[async_trait]` on the impl block (above `#[idem::scoped]`) and write `async fn {name}(...)` as the trait declares it, so that `#[async_trait]` expands first; elsewhere, write it as an `async fn` returning the future's output",
+                name = sig.ident
+            ),
+        ));
     } else {
         errors.push(syn::Error::new(
             sig.fn_token.span,
@@ -107,9 +117,27 @@ pub fn check(func: &ItemFn, args: &Args) -> Result<Func, syn::Error> {
             ReturnType::Type(_, ty) => ((**ty).clone(), classify(ty)),
         },
     };
+    // In a trait impl the trait fixes the signature, so a plain `T` cannot become
+    // `Result<T, idem::Error>`. `#[idem::scoped]` says whether this is one.
+    let in_trait_impl = args
+        .impl_path
+        .as_ref()
+        .is_some_and(|p| p.value.value().contains(" as "));
+    if let (Some(Shape::Async), true, Ret::Value(ty)) = (&shape, in_trait_impl, &ret) {
+        let message = format!(
+            "in a trait impl, #[idempotent] cannot turn `{ty}` into `Result<{ty}, idem::Error>`: the trait fixes the method's return type. Declare the method as returning `Result<{ty}, E>` with `E: From<idem::Error>`, in the trait and here",
+            ty = quote::ToTokens::to_token_stream(ty)
+        );
+        errors.push(match &sig.output {
+            ReturnType::Type(_, declared) => syn::Error::new_spanned(declared, message),
+            ReturnType::Default => syn::Error::new(sig.ident.span(), message),
+        });
+    }
+
     // `Outcome<T>` in the place of the stored value: the body evaluates to `T` there.
     let (body_ty, ret, outcome) = unwrap_outcome(body_ty, ret);
-    if let Some(span) = find_impl_trait(&body_ty) {
+    // (Not for a fn refused above: its `impl Future` is not a stored type.)
+    if let (Some(_), Some(span)) = (&shape, find_impl_trait(&body_ty)) {
         errors.push(syn::Error::new(
             span,
             "the result of an #[idempotent] fn is decoded from the store, so its type must be concrete: `impl Trait` cannot be decoded",
@@ -387,6 +415,28 @@ fn async_trait_body(block: &Block) -> Option<Box<Block>> {
         Some(Expr::Async(inner)) if inner.capture.is_some() => Some(Box::new(inner.block.clone())),
         _ => None,
     }
+}
+
+/// The declared type when a non-async fn returns a future: `impl Future<...>`,
+/// `Pin<Box<dyn Future<...>>>`, or an alias named like `BoxFuture<...>`.
+fn returned_future(output: &ReturnType) -> Option<&Type> {
+    let ReturnType::Type(_, ty) = output else {
+        return None;
+    };
+    let names_future = |path: &syn::Path| {
+        path.segments
+            .last()
+            .is_some_and(|s| s.ident.to_string().ends_with("Future"))
+    };
+    let is_future = match &**ty {
+        Type::ImplTrait(t) => t.bounds.iter().any(|b| match b {
+            TypeParamBound::Trait(t) => names_future(&t.path),
+            _ => false,
+        }),
+        Type::Path(p) => names_future(&p.path) || future_output(output).is_some(),
+        _ => false,
+    };
+    is_future.then_some(&**ty)
 }
 
 /// `X` in `Pin<Box<dyn Future<Output = X> + Send + 'async_trait>>`.
