@@ -663,6 +663,17 @@ pub use idem_macros::scoped;
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub use idem_core::testing;
 
+/// Stamps the conformance suite (one `#[tokio::test]` per behaviour) for a store, in a
+/// module named by its first argument (feature `testing`; needs `tokio` with `macros` and
+/// `rt-multi-thread` among the dev-dependencies, see [`testing`]).
+///
+/// ```text
+/// idem::conformance_tests!(my_store, async { Some(MyStore::connect().await) });
+/// ```
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub use idem_core::conformance_tests;
+
 /// Store backends: the memory store and those whose cargo feature is on.
 pub mod stores {
     pub use idem_stores::*;

@@ -21,7 +21,7 @@ pub const MAX_SCOPE_LEN: usize = 256;
 /// cannot forge a log line.
 ///
 /// ```
-/// use idem_core::Key;
+/// use idem::Key;
 /// let key = Key::new("billing::charge", "order-42").unwrap();
 /// assert_eq!(key.as_str(), "billing::charge/order-42");
 /// assert_eq!(key.id(), "order-42");

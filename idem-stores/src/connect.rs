@@ -14,8 +14,8 @@ use crate::MemoryStore;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// let store = idem_stores::connect("memory://").await.unwrap();
-/// let err = idem_stores::connect("mongodb://localhost").await.unwrap_err();
+/// let store = idem::stores::connect("memory://").await.unwrap();
+/// let err = idem::stores::connect("mongodb://localhost").await.unwrap_err();
 /// assert!(err.to_string().contains("mongodb"));
 /// # }
 /// ```

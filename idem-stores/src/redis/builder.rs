@@ -20,8 +20,8 @@ pub const DEFAULT_RECOVERY_WINDOW: Duration = Duration::from_secs(60);
 /// ```no_run
 /// # use std::time::Duration;
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), idem_core::Error> {
-/// let store = idem_stores::redis::RedisStore::builder()
+/// # async fn main() -> Result<(), idem::Error> {
+/// let store = idem::stores::redis::RedisStore::builder()
 ///     .prefix("orders:idem:")
 ///     .connect_timeout(Duration::from_secs(2))
 ///     .command_timeout(Duration::from_millis(500))
