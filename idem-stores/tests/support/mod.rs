@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_core::{
-    Bytes, Capabilities, Claim, Error, Fingerprint, Idem, Key, Record, Store, StoreError, Token,
+    Bytes, Claim, Error, Fingerprint, Idem, Key, Record, Store, StoreError, StoreWrapper, Token,
 };
 pub use proxy::TcpProxy;
 
@@ -101,7 +101,11 @@ impl Recorded {
 }
 
 #[idem_core::async_trait]
-impl Store for Recorded {
+impl StoreWrapper for Recorded {
+    type Inner = dyn Store;
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
     async fn claim(
         &self,
         key: &Key,
@@ -134,15 +138,6 @@ impl Store for Recorded {
     }
     async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
         self.step("delete", self.inner.delete(key)).await
-    }
-    async fn wait(&self, key: &Key, at_most: Duration) -> Result<(), StoreError> {
-        self.inner.wait(key, at_most).await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
     }
 }
 
