@@ -16,7 +16,8 @@
 //! for _ in 0..3 {
 //!     let key = Key::new("billing::charge", "order-42")?;
 //!     let receipt: String = idem
-//!         .run(key, Fingerprint::of(&1250u64), || async {
+//!         .call(key, Fingerprint::of(&1250u64))
+//!         .run(|| async {
 //!             charges.fetch_add(1, Ordering::SeqCst); // the side effect
 //!             "receipt-1".to_string()
 //!         })
@@ -36,8 +37,8 @@
 //! # async fn main() {
 //! # let idem = Idem::new(MemoryStore::new());
 //! let key = Key::new("billing::charge", "order-42").unwrap();
-//! let _: u32 = idem.run(key.clone(), Fingerprint::of(&1250u64), || async { 1 }).await.unwrap();
-//! let err = idem.run::<u32, _, _>(key, Fingerprint::of(&9999u64), || async { 2 }).await.unwrap_err();
+//! let _: u32 = idem.call(key.clone(), Fingerprint::of(&1250u64)).run(|| async { 1 }).await.unwrap();
+//! let err = idem.call(key, Fingerprint::of(&9999u64)).run::<u32, _, _>(|| async { 2 }).await.unwrap_err();
 //! assert!(matches!(err, Error::KeyReuse { .. }));
 //! # }
 //! ```
@@ -50,14 +51,17 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-use std::sync::OnceLock;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock};
 
+pub use idem_core::outcome;
 pub use idem_core::{async_trait, digest_hex, Bytes};
 pub use idem_core::{
     codec, BoxError, BuiltinCodec, Call, Capabilities, Claim, Codec, DecodeError, Error,
-    Fingerprint, Idem, IdemBuilder, InProgress, Json, Key, MissingKey, ReadableKeyId, Record,
-    Store, StoreError, Token, DEFAULT_LEASE, DEFAULT_STEP_TIMEOUT, DEFAULT_TTL,
-    DEFAULT_WAIT_TIMEOUT,
+    Fingerprint, Idem, IdemBuilder, InProgress, Json, Key, MissingKey, Origin, Outcome,
+    ReadableKeyId, Record, Store, StoreError, StoreWrapper, Token, DEFAULT_LEASE,
+    DEFAULT_STEP_TIMEOUT, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
 };
 pub use idem_stores::MemoryStore;
 
@@ -103,6 +107,15 @@ pub use idem_stores::MemoryStore;
 /// - Any other return type `T` (including `()`) becomes `Result<T, idem::Error>`.
 /// - The stored type must be `Serialize + DeserializeOwned` (owned data, no `impl Trait`);
 ///   the compile error says so at the return type.
+/// - To tell a first run from a replay, declare the stored type as [`Outcome<T>`]:
+///   `-> idem::Outcome<T>` (which becomes `Result<idem::Outcome<T>, idem::Error>`) or
+///   `-> Result<idem::Outcome<T>, E>`. The body still evaluates to `T` (or `Result<T, E>`);
+///   the caller gets the value with its [`Origin`]: [`Origin::Ran`] for the call that ran
+///   the body, [`Origin::Store`] or [`Origin::LocalCache`] for a replay. The macro knows
+///   the type by its last path segment, `Outcome` with one type argument, as it knows
+///   `Result`; a type of your own named `Outcome<T>` cannot be the stored type (rename it
+///   in the signature with a `type` alias). It expands to the same call with
+///   [`.with_outcome()`](Call::with_outcome) before `.run...(...)`.
 ///
 /// ```
 /// use idem::idempotent;
@@ -140,6 +153,23 @@ pub use idem_stores::MemoryStore;
 /// # let n: Result<u64, idem::Error> = count(vec![1, 2]).await;
 /// # assert_eq!(n.unwrap(), 3);
 /// # }
+/// ```
+///
+/// ```
+/// use idem::{idempotent, Origin, Outcome};
+///
+/// #[idempotent(key = order_id)]
+/// async fn charge(order_id: String) -> Result<Outcome<u64>, idem::Error> {
+///     Ok(1250) // the body returns the value; the caller gets it with its origin
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem::Error> {
+/// let first = charge("o-7".into()).await?;
+/// let retry = charge("o-7".into()).await?;
+/// assert_eq!((first.origin(), retry.origin()), (Origin::Ran, Origin::Store));
+/// assert_eq!(retry.into_value(), 1250);
+/// # Ok(()) }
 /// ```
 ///
 /// # Keys and fingerprints
@@ -181,7 +211,7 @@ pub use idem_stores::MemoryStore;
 /// |---|---|---|
 /// | `key` | any expression of the arguments: a string, an integer or a `Serialize` value | digest of the arguments |
 /// | `scope` | a string literal without `/` | module path and function name |
-/// | `store` | an expression of type `Idem`, `&Idem`, `Arc<Idem>` (anything that derefs to `Idem`) | the global engine ([`set_global`]) |
+/// | `store` | the engine: an expression of type `Idem`, or `&`, `&mut`, `Arc`, `Rc` or `Box` of one (another pointer as `&*ptr`); not a bare store, which is a compile error saying so | the global engine ([`set_global`]) |
 /// | `ttl` | how long a result is kept: `"24h"` or a `Duration` expression | the engine's (24 hours) |
 /// | `lease` | how long a claim holds the key before another caller may take it over | the engine's (30 seconds) |
 /// | `in_progress` | `"reject"` or `"wait"`: what a duplicate does while the first call runs | the engine's (`"reject"`) |
@@ -276,7 +306,11 @@ pub use idem_stores::MemoryStore;
 /// ```
 ///
 /// Without `store`, the global engine is used: the one given to [`set_global`] at start-up,
-/// or else an in-memory one.
+/// or else an implicit in-memory one, for tests. The implicit one is never silent: the
+/// first call of each function on it logs a `warn` naming the function, and once the
+/// process has built an engine on a shared store (Postgres, Redis, any but memory), calls
+/// on it fail with [`Error::Config`] naming the function, so a `store = self.idem`
+/// forgotten in a service cannot quietly keep its records in one process.
 ///
 /// ## `ttl`, `lease`, `in_progress`, `wait_timeout`
 ///
@@ -531,7 +565,7 @@ pub use idem_stores::MemoryStore;
 ///
 /// impl Payments {
 ///     pub async fn charge(&self, req: ChargeRequest) -> Result<Receipt, PaymentError> {
-///         // `store = self.idem`: any expression that derefs to an `Idem`.
+///         // `store = self.idem`: an `Idem`, or a reference or pointer to one.
 ///         let engine: Idem = self.idem.clone();
 ///         // Key and fingerprint come first, from the arguments as passed.
 ///         // `key = req.order_id`: a string stays readable; the scope is the module path,
@@ -540,8 +574,8 @@ pub use idem_stores::MemoryStore;
 ///         // The fingerprint digests every argument that is not skipped (`self` never is).
 ///         let fingerprint = Fingerprint::of(&(&req,));
 ///         engine
-///             .call_checked(key) // an invalid key is returned as an error, before the store
-///             .fingerprint(fingerprint)
+///             // An invalid key is returned as an error, before the store.
+///             .call_checked(key, fingerprint)
 ///             .ttl(Duration::from_millis(86_400_000)) // "24h", checked at compile time
 ///             // A `Result` body: `Ok` is stored, `Err` releases the key, and idem's own
 ///             // errors become `PaymentError` through `From<idem::Error>`.
@@ -629,23 +663,74 @@ pub use idem_macros::scoped;
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub use idem_core::testing;
 
+/// Stamps the conformance suite (one `#[tokio::test]` per behaviour) for a store, in a
+/// module named by its first argument (feature `testing`; needs `tokio` with `macros` and
+/// `rt-multi-thread` among the dev-dependencies, see [`testing`]).
+///
+/// ```text
+/// idem::conformance_tests!(my_store, async { Some(MyStore::connect().await) });
+/// ```
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub use idem_core::conformance_tests;
+
 /// Store backends: the memory store and those whose cargo feature is on.
 pub mod stores {
     pub use idem_stores::*;
 }
 
 static GLOBAL: OnceLock<Idem> = OnceLock::new();
+/// Whether [`set_global`] chose the global engine (rather than the implicit default).
+static CHOSEN: AtomicBool = AtomicBool::new(false);
 
 /// Sets the engine that `#[idempotent]` functions without `store = ...` use. It can be set
 /// once, before the first such call; afterwards it returns the engine back as `Err`.
-/// Without it, the global engine is an in-memory store with every default.
+///
+/// Without it, such functions run on an implicit in-process engine on a [`MemoryStore`],
+/// which is what unit tests want and what a service of several instances must not have: an
+/// in-process store shares nothing between processes. So the implicit engine is guarded:
+///
+/// - the first call of each such function logs a `warn` event (target `idem`) naming it;
+/// - once the process has built an engine on any other store (a Postgres or Redis `Idem`,
+///   the sign of a service whose idempotency must be shared), a call of a function left
+///   on the implicit engine fails with [`Error::Config`] naming it, and its body does not
+///   run, instead of quietly keeping its records in memory.
+///
+/// To use the memory store on purpose, say so: `idem::set_global(Idem::new(MemoryStore::new()))`.
 pub fn set_global(idem: Idem) -> Result<(), Idem> {
-    GLOBAL.set(idem)
+    GLOBAL.set(idem)?;
+    CHOSEN.store(true, Ordering::SeqCst);
+    Ok(())
 }
 
-/// The global engine: the one given to [`set_global`], or else an in-memory one.
+/// The global engine: the one given to [`set_global`], or else the implicit in-memory one.
 pub fn global() -> &'static Idem {
     GLOBAL.get_or_init(|| Idem::new(MemoryStore::new()))
+}
+
+/// What a function without `store = ...` may run on: see [`set_global`].
+fn implicit_global(scope: &str, key: Result<Key, Error>) -> Result<Key, Error> {
+    if CHOSEN.load(Ordering::SeqCst) {
+        return key;
+    }
+    if let Some(backend) = idem_core::private::shared_backend_in_use() {
+        return Err(Error::Config {
+            message: format!(
+                "`{scope}` has no `store = ...` and no global engine was chosen, while this process uses a {backend} store: it would keep its records in an in-process memory store, which no other instance sees. Give its #[idempotent] a `store = <your Idem>`, or choose the global engine at startup with idem::set_global(...)"
+            ),
+            source: None,
+        });
+    }
+    static WARNED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    let first = WARNED
+        .lock()
+        .map(|mut warned| warned.insert(scope.to_owned()))
+        .unwrap_or(false);
+    if first {
+        tracing::warn!(target: "idem", scope = %scope,
+            "an #[idempotent] fn without `store = ...` runs on the implicit in-process memory engine: fine in tests; a service of several instances needs `store = <its Idem>` or idem::set_global(...)");
+    }
+    key
 }
 
 /// An engine with every default on the store a URL names (`memory://`, `sqlite://...`,
@@ -672,5 +757,14 @@ pub mod __private {
     /// The engine of a function without `store = ...`.
     pub fn global() -> &'static idem_core::Idem {
         crate::global()
+    }
+
+    /// The key of a call on the engine of a function without `store = ...`, or the
+    /// configuration error that refuses it (see [`set_global`](crate::set_global)).
+    pub fn implicit_global(
+        scope: &str,
+        key: Result<idem_core::Key, idem_core::Error>,
+    ) -> Result<idem_core::Key, idem_core::Error> {
+        crate::implicit_global(scope, key)
     }
 }

@@ -17,7 +17,7 @@ use crate::error::BoxError;
 /// read by another. Ids 0 to 127 are idem's; a codec of your own takes an id from 128 up.
 ///
 /// ```
-/// use idem_core::codec::Codec;
+/// use idem::codec::Codec;
 ///
 /// /// JSON with pretty printing, under an id of our own.
 /// struct PrettyJson;
@@ -25,10 +25,10 @@ use crate::error::BoxError;
 /// impl Codec for PrettyJson {
 ///     fn id(&self) -> u8 { 200 }
 ///     fn name(&self) -> &'static str { "pretty-json" }
-///     fn encode<T: serde::Serialize + ?Sized>(&self, value: &T) -> Result<Vec<u8>, idem_core::BoxError> {
+///     fn encode<T: serde::Serialize + ?Sized>(&self, value: &T) -> Result<Vec<u8>, idem::BoxError> {
 ///         Ok(serde_json::to_vec_pretty(value)?)
 ///     }
-///     fn decode<T: serde::de::DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, idem_core::BoxError> {
+///     fn decode<T: serde::de::DeserializeOwned>(&self, bytes: &[u8]) -> Result<T, idem::BoxError> {
 ///         Ok(serde_json::from_slice(bytes)?)
 ///     }
 /// }

@@ -30,10 +30,10 @@ const FINGERPRINT_CONTEXT: &str = "idem 2026-11-29 fingerprint v1";
 /// `Error::InvalidKey` instead.
 ///
 /// ```
-/// let a = idem_core::digest_hex(&("order", 42));
+/// let a = idem::digest_hex(&("order", 42));
 /// assert_eq!(a.len(), 32);
-/// assert_eq!(a, idem_core::digest_hex(&("order", 42)));
-/// assert_ne!(a, idem_core::digest_hex(&("order", 43)));
+/// assert_eq!(a, idem::digest_hex(&("order", 42)));
+/// assert_ne!(a, idem::digest_hex(&("order", 43)));
 /// ```
 pub fn digest_hex<T: Serialize + ?Sized>(value: &T) -> String {
     hex(&try_digest(key_hasher(), value).unwrap_or_else(|msg| unique_digest(&msg)))

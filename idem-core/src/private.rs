@@ -17,6 +17,7 @@ pub use crate::{Call, Error, Fingerprint, Idem, InProgress, Key, MissingKey};
 
 use crate::codec::Codec;
 use crate::key::ReadableKeyId;
+use crate::outcome::Answer;
 
 // ---------------------------------------------------------------------------------------
 // Key ids.
@@ -214,11 +215,47 @@ pub fn fingerprint_of<T: FingerprintValue + ?Sized>(value: &T) -> Fingerprint {
 // ---------------------------------------------------------------------------------------
 // Engines, options.
 
-/// The engine of `store = <expr>`: an `Idem`, a reference to one, or anything that derefs
-/// to one (an `Arc<Idem>`). Cloned (one `Arc` increment) so that the expression may borrow
-/// `self` while the body takes `self` by value.
-pub fn engine(idem: &Idem) -> Idem {
-    idem.clone()
+/// What `store = <expr>` accepts: an `Idem`, or a reference or pointer to one (`&`,
+/// `&mut`, `Arc`, `Rc`, `Box`, through any number of them). Listed rather than any `Deref`,
+/// so that a bare store, even behind an `Arc<dyn Store>`, is reported with the message
+/// below rather than as a missing `Deref`; another smart pointer is passed as `&*ptr`.
+#[diagnostic::on_unimplemented(
+    message = "`store = ...` takes an `idem::Idem` (the engine), not `{Self}`",
+    label = "not an `idem::Idem`, nor a reference or pointer to one",
+    note = "build the engine on the store once, `idem::Idem::new(store)` or `idem::Idem::builder().store(store)...build()`, keep it (in the struct, say) and name it: `store = self.idem`"
+)]
+pub trait EngineRef {
+    /// The engine.
+    fn engine_ref(&self) -> &Idem;
+}
+
+impl EngineRef for Idem {
+    fn engine_ref(&self) -> &Idem {
+        self
+    }
+}
+
+macro_rules! engine_through {
+    ($($ptr:ty),*) => {$(
+        impl<T: EngineRef + ?Sized> EngineRef for $ptr {
+            fn engine_ref(&self) -> &Idem {
+                (**self).engine_ref()
+            }
+        }
+    )*};
+}
+engine_through!(&T, &mut T, std::sync::Arc<T>, std::rc::Rc<T>, Box<T>);
+
+/// The backend of the first engine this process built on a store other than memory, if
+/// any: `#[idempotent]` fns on the implicit in-process engine are refused once there is one.
+pub fn shared_backend_in_use() -> Option<&'static str> {
+    crate::engine::SHARED_BACKEND.get().copied()
+}
+
+/// The engine of `store = <expr>`. Cloned (one `Arc` increment) so that the expression may
+/// borrow `self` while the body takes `self` by value.
+pub fn engine<E: EngineRef + ?Sized>(idem: &E) -> Idem {
+    idem.engine_ref().clone()
 }
 
 /// A duration literal (`"250ms"`, `"30s"`, `"5m"`, `"24h"`, `"7d"`), already checked and
@@ -354,11 +391,17 @@ impl<T> ViaNoEq<T> for EqProbe<T> {
     }
 }
 
-/// [`Call::run`] for a function that returns a value `T`.
-pub async fn run<T, C, F, Fut>(call: Call<'_, C>, eq: ValueEq<T>, body: F) -> Result<T, Error>
+/// [`Call::run`] for a function that returns a value `T` (or `Outcome<T>`, with
+/// `R = WithOutcome`).
+pub async fn run<T, C, R, F, Fut>(
+    call: Call<'_, C, R>,
+    eq: ValueEq<T>,
+    body: F,
+) -> Result<R::Out<T>, Error>
 where
     T: CachedValue,
     C: Codec,
+    R: Answer,
     F: FnOnce() -> Fut,
     Fut: Future<Output = T>,
 {
@@ -368,15 +411,16 @@ where
 /// [`Call::run_fallible`] for a function that returns `Result<T, E>`. The conversion of
 /// idem's own errors into `E` is passed in (`error_from::<E>`, whose bound is checked at
 /// the user's error type), so that this future's type carries no bound on `E`.
-pub async fn run_fallible<T, E, C, F, Fut>(
-    call: Call<'_, C>,
+pub async fn run_fallible<T, E, C, R, F, Fut>(
+    call: Call<'_, C, R>,
     eq: ValueEq<T>,
     from_idem: fn(Error) -> E,
     body: F,
-) -> Result<T, E>
+) -> Result<R::Out<T>, E>
 where
     T: CachedValue,
     C: Codec,
+    R: Answer,
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
@@ -410,16 +454,17 @@ pub fn error_from<E: IdemErrorType>(e: Error) -> E {
 }
 
 /// [`Call::run_caching_errors`] for a function with `cache_errors`.
-pub async fn run_caching_errors<T, E, C, P, F, Fut>(
-    call: Call<'_, C>,
+pub async fn run_caching_errors<T, E, C, R, P, F, Fut>(
+    call: Call<'_, C, R>,
     eq: (ValueEq<T>, ValueEq<E>),
     cache_if: P,
     body: F,
-) -> Result<T, E>
+) -> Result<R::Out<T>, E>
 where
     T: CachedValue,
     E: CachedErrorType,
     C: Codec,
+    R: Answer,
     P: Fn(&E) -> bool,
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<T, E>>,

@@ -204,7 +204,7 @@ impl Capabilities {
 /// resends a claim, complete, extend or release after losing its reply gets the answer of
 /// the first, and the record is as the first left it.
 ///
-/// Every backend passes the conformance suite in `idem_core::testing` (feature `testing`).
+/// Every backend passes the conformance suite in `idem::testing` (feature `testing`).
 #[async_trait]
 pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// In one atomic step: no live record, or an in-progress record whose lease has ended,
@@ -308,7 +308,8 @@ macro_rules! forward_store {
         }
     )*};
 }
-forward_store!(Arc<S>, Box<S>);
+// `Box<S>` is a `StoreWrapper` (see wrapper.rs), and a store through it.
+forward_store!(Arc<S>);
 
 #[cfg(test)]
 mod tests {

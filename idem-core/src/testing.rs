@@ -3,10 +3,21 @@
 //! Each behaviour of the store contract is one `pub async fn` that takes the store as an
 //! `Arc<dyn Store>` and panics when the store breaks the contract. [`conformance_tests!`](crate::conformance_tests)
 //! stamps one named `#[tokio::test]` per behaviour for a backend, so that its tests read
-//! `memory::lease_takeover`, `redis::fencing_stale_token_cannot_complete`, and so on:
+//! `memory::lease_takeover`, `redis::fencing_stale_token_cannot_complete`, and so on.
+//!
+//! To run it against your own store, depend on `idem` with the `testing` feature and on
+//! `tokio` with the features the stamped tests use, in your dev-dependencies:
+//!
+//! ```toml
+//! [dev-dependencies]
+//! idem = { version = "0.1", features = ["testing"] }
+//! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
+//! ```
+//!
+//! then, in a test file (`tests/conformance.rs`), one line per store:
 //!
 //! ```text
-//! idem_core::conformance_tests!(memory, async { Some(idem_stores::MemoryStore::new()) });
+//! idem::conformance_tests!(my_store, async { Some(MyStore::connect().await) });
 //! ```
 //!
 //! The second argument is a future that yields `Option<store>`: `None` skips the test (a
@@ -836,7 +847,8 @@ pub async fn engine_runs_once_and_replays(store: Arc<dyn Store>) {
     let runs = AtomicU64::new(0);
     for _ in 0..5 {
         let v: Vec<String> = idem
-            .run(k.clone(), fp(1), || async {
+            .call(k.clone(), fp(1))
+            .run(|| async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 vec!["a".to_string(), "é".to_string()]
             })
@@ -846,7 +858,8 @@ pub async fn engine_runs_once_and_replays(store: Arc<dyn Store>) {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     let reuse = idem
-        .run(k.clone(), fp(2), || async { vec![String::new()] })
+        .call(k.clone(), fp(2))
+        .run(|| async { vec![String::new()] })
         .await;
     assert!(matches!(reuse, Err(Error::KeyReuse { .. })), "{reuse:?}");
 }
@@ -891,13 +904,14 @@ pub async fn engine_concurrent_duplicates_wait_for_one_run(store: Arc<dyn Store>
         .map(|i| {
             let (idem, k, runs) = (idem.clone(), k.clone(), runs.clone());
             tokio::spawn(async move {
-                idem.run(k, fp(1), || async move {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    i
-                })
-                .await
-                .unwrap()
+                idem.call(k, fp(1))
+                    .run(|| async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        i
+                    })
+                    .await
+                    .unwrap()
             })
         })
         .collect();
@@ -920,7 +934,12 @@ pub async fn engine_concurrent_duplicates_wait_for_one_run(store: Arc<dyn Store>
 ///
 /// `$make` is an expression, evaluated once per test, of a future that yields
 /// `Option<S>` for a `S: Store` (`None` skips, see [`backend_url`]). The crate using it
-/// needs `tokio` with the `macros` and `rt-multi-thread` features among its dev-dependencies.
+/// needs `tokio` with the `macros` and `rt-multi-thread` features among its dev-dependencies
+/// (the stamped tests are `#[tokio::test]`s); see the [module documentation](crate::testing).
+///
+/// ```text
+/// idem::conformance_tests!(memory, async { Some(idem::MemoryStore::new()) });
+/// ```
 #[macro_export]
 macro_rules! conformance_tests {
     ($backend:ident, $make:expr) => {

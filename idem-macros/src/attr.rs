@@ -9,6 +9,43 @@ use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
 use syn::{Expr, Ident, LitStr, Token};
 
+/// The option a misspelled name most likely meant: the nearest by edit distance
+/// (insertions, deletions, substitutions and swaps of neighbours, so `tll` is `ttl`), when
+/// it is close enough to be a typo rather than another word.
+fn closest_option(name: &str) -> Option<&'static str> {
+    let name = name.to_ascii_lowercase();
+    OPTIONS
+        .iter()
+        .map(|option| (edit_distance(&name, option), *option))
+        .filter(|(d, option)| *d <= 1 + option.len() / 4)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, option)| option)
+}
+
+/// Optimal string alignment distance between two short ASCII-ish strings.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut d = vec![vec![0usize; b.len() + 1]; a.len() + 1];
+    for (i, row) in d.iter_mut().enumerate() {
+        row[0] = i;
+    }
+    for (j, cell) in d[0].iter_mut().enumerate() {
+        *cell = j;
+    }
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            d[i][j] = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                d[i][j] = d[i][j].min(d[i - 2][j - 2] + 1);
+            }
+        }
+    }
+    d[a.len()][b.len()]
+}
+
 /// The option names, in the order the docs list them.
 pub const OPTIONS: &[&str] = &[
     "key",
@@ -268,10 +305,15 @@ impl Args {
             self.set(|a| &mut a.impl_path, "__impl", name_span, lit)
         } else {
             let unknown: proc_macro2::TokenTree = input.parse()?;
+            let name = unknown.to_string();
+            let hint = match closest_option(&name) {
+                Some(option) => format!("did you mean `{option}`? "),
+                None => String::new(),
+            };
             Err(syn::Error::new(
                 unknown.span(),
                 format!(
-                    "unknown option `{unknown}` of #[idempotent]; expected one of: {}",
+                    "unknown option `{unknown}` of #[idempotent]; {hint}expected one of: {}",
                     OPTIONS.join(", ")
                 ),
             ))
@@ -396,7 +438,7 @@ pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_duration_ms;
+    use super::{closest_option, parse_duration_ms};
 
     #[test]
     fn duration_literals() {
@@ -411,5 +453,27 @@ mod tests {
         assert!(parse_duration_ms("1.5s").is_err());
         assert!(parse_duration_ms("3 weeks").is_err());
         assert!(parse_duration_ms("99999999999999999999h").is_err());
+    }
+
+    #[test]
+    fn typos_suggest_the_option_they_meant() {
+        for (typo, meant) in [
+            ("tll", "ttl"),
+            ("ttls", "ttl"),
+            ("leas", "lease"),
+            ("in_progres", "in_progress"),
+            ("inprogress", "in_progress"),
+            ("wait_timout", "wait_timeout"),
+            ("fingerprnt", "fingerprint"),
+            ("cache_error", "cache_errors"),
+            ("Key", "key"),
+            ("scop", "scope"),
+            ("missingkey", "missing_key"),
+        ] {
+            assert_eq!(closest_option(typo), Some(meant), "{typo}");
+        }
+        for unrelated in ["timeout", "retries", "x", "idempotency"] {
+            assert_eq!(closest_option(unrelated), None, "{unrelated}");
+        }
     }
 }

@@ -38,6 +38,10 @@ pub struct Func {
     pub ret: Ret,
     /// The type the body evaluates to (`T`, or `Result<T, E>`).
     pub body_ty: Type,
+    /// The function returns `Outcome<T>` (or `Result<Outcome<T>, E>`) while its body
+    /// evaluates to `T` (or `Result<T, E>`): the engine call then reports where the result
+    /// came from.
+    pub outcome: bool,
     /// Bindings of the arguments that are digested (receivers and skipped ones left out),
     /// in order.
     pub digested: Vec<Ident>,
@@ -70,6 +74,16 @@ pub fn check(func: &ItemFn, args: &Args) -> Result<Func, syn::Error> {
         shape = Some(Shape::Async);
     } else if let Some(body) = async_trait_body(&func.block) {
         shape = Some(Shape::AsyncTrait { body });
+    } else if let Some(ty) = returned_future(&sig.output) {
+        // A future built by hand: often a trait method written for `#[async_trait]`
+        // without the attribute on the impl, or a trait whose method returns a future.
+        errors.push(syn::Error::new_spanned(
+            ty,
+            format!(
+                "#[idempotent] goes on an `async fn`, and `{name}` returns a future it builds itself: in an impl of an `#[async_trait]` trait, put `#[async_trait]` on the impl block (above `#[idem::scoped]`) and write `async fn {name}(...)` as the trait declares it, so that `#[async_trait]` expands first; elsewhere, write it as an `async fn` returning the future's output",
+                name = sig.ident
+            ),
+        ));
     } else {
         errors.push(syn::Error::new(
             sig.fn_token.span,
@@ -103,7 +117,27 @@ pub fn check(func: &ItemFn, args: &Args) -> Result<Func, syn::Error> {
             ReturnType::Type(_, ty) => ((**ty).clone(), classify(ty)),
         },
     };
-    if let Some(span) = find_impl_trait(&body_ty) {
+    // In a trait impl the trait fixes the signature, so a plain `T` cannot become
+    // `Result<T, idem::Error>`. `#[idem::scoped]` says whether this is one.
+    let in_trait_impl = args
+        .impl_path
+        .as_ref()
+        .is_some_and(|p| p.value.value().contains(" as "));
+    if let (Some(Shape::Async), true, Ret::Value(ty)) = (&shape, in_trait_impl, &ret) {
+        let message = format!(
+            "in a trait impl, #[idempotent] cannot turn `{ty}` into `Result<{ty}, idem::Error>`: the trait fixes the method's return type. Declare the method as returning `Result<{ty}, E>` with `E: From<idem::Error>`, in the trait and here",
+            ty = quote::ToTokens::to_token_stream(ty)
+        );
+        errors.push(match &sig.output {
+            ReturnType::Type(_, declared) => syn::Error::new_spanned(declared, message),
+            ReturnType::Default => syn::Error::new(sig.ident.span(), message),
+        });
+    }
+
+    // `Outcome<T>` in the place of the stored value: the body evaluates to `T` there.
+    let (body_ty, ret, outcome) = unwrap_outcome(body_ty, ret);
+    // (Not for a fn refused above: its `impl Future` is not a stored type.)
+    if let (Some(_), Some(span)) = (&shape, find_impl_trait(&body_ty)) {
         errors.push(syn::Error::new(
             span,
             "the result of an #[idempotent] fn is decoded from the store, so its type must be concrete: `impl Trait` cannot be decoded",
@@ -183,8 +217,73 @@ pub fn check(func: &ItemFn, args: &Args) -> Result<Func, syn::Error> {
         shape: shape.expect("no error means a shape"),
         ret,
         body_ty,
+        outcome,
         digested,
     })
+}
+
+/// `T` in `Outcome<T>` or `idem::Outcome<T>`, by the last path segment (as `Result` is
+/// recognised by name): the replay signal the fn asks for.
+fn outcome_inner(ty: &Type) -> Option<&Type> {
+    match ty {
+        Type::Path(p) if p.qself.is_none() => single_type_arg(ty, "Outcome"),
+        _ => None,
+    }
+}
+
+/// The body's type, the stored types, and whether the fn returns an `Outcome`: the
+/// declared `Outcome<T>` becomes `T`, `Result<Outcome<T>, E>` becomes `Result<T, E>`.
+fn unwrap_outcome(body_ty: Type, ret: Ret) -> (Type, Ret, bool) {
+    match ret {
+        Ret::Value(ty) => match outcome_inner(&ty) {
+            Some(inner) => (inner.clone(), Ret::Value(inner.clone()), true),
+            None => (body_ty, Ret::Value(ty), false),
+        },
+        Ret::Result {
+            full,
+            ok: Some(ok),
+            err,
+        } => match outcome_inner(&ok).cloned() {
+            Some(inner) => {
+                let mut unwrapped = (*full).clone();
+                replace_first_type_arg(&mut unwrapped, &inner);
+                let ret = Ret::Result {
+                    full: Box::new(unwrapped.clone()),
+                    ok: Some(Box::new(inner)),
+                    err,
+                };
+                (unwrapped, ret, true)
+            }
+            None => (
+                body_ty,
+                Ret::Result {
+                    full,
+                    ok: Some(ok),
+                    err,
+                },
+                false,
+            ),
+        },
+        ret => (body_ty, ret, false),
+    }
+}
+
+/// `Result<U, E>` from `Result<T, E>` (the first type argument of the last segment).
+fn replace_first_type_arg(ty: &mut Type, with: &Type) {
+    let Type::Path(p) = ty else { return };
+    let Some(last) = p.path.segments.last_mut() else {
+        return;
+    };
+    let PathArguments::AngleBracketed(a) = &mut last.arguments else {
+        return;
+    };
+    if let Some(GenericArgument::Type(t)) = a
+        .args
+        .iter_mut()
+        .find(|arg| matches!(arg, GenericArgument::Type(_)))
+    {
+        *t = with.clone();
+    }
 }
 
 /// The first type or const parameter of the fn, or `impl Trait` among its argument types.
@@ -316,6 +415,28 @@ fn async_trait_body(block: &Block) -> Option<Box<Block>> {
         Some(Expr::Async(inner)) if inner.capture.is_some() => Some(Box::new(inner.block.clone())),
         _ => None,
     }
+}
+
+/// The declared type when a non-async fn returns a future: `impl Future<...>`,
+/// `Pin<Box<dyn Future<...>>>`, or an alias named like `BoxFuture<...>`.
+fn returned_future(output: &ReturnType) -> Option<&Type> {
+    let ReturnType::Type(_, ty) = output else {
+        return None;
+    };
+    let names_future = |path: &syn::Path| {
+        path.segments
+            .last()
+            .is_some_and(|s| s.ident.to_string().ends_with("Future"))
+    };
+    let is_future = match &**ty {
+        Type::ImplTrait(t) => t.bounds.iter().any(|b| match b {
+            TypeParamBound::Trait(t) => names_future(&t.path),
+            _ => false,
+        }),
+        Type::Path(p) => names_future(&p.path) || future_output(output).is_some(),
+        _ => false,
+    };
+    is_future.then_some(&**ty)
 }
 
 /// `X` in `Pin<Box<dyn Future<Output = X> + Send + 'async_trait>>`.

@@ -8,7 +8,8 @@ use crate::MemoryStore;
 
 /// Opens the store a URL names: `memory://`, `sqlite://path`, `postgres://...`,
 /// `mysql://...` (MySQL or MariaDB), `redis://...` or `redis+cluster://host1,host2,...`. A
-/// scheme whose cargo feature is off answers with an error naming the feature to turn on.
+/// scheme whose cargo feature is off answers with an [`Error::Config`] naming the feature to
+/// turn on; a store that cannot be reached, with an [`Error::Connect`].
 ///
 /// A SQL store opened here creates its table when it is missing, as its own `connect`
 /// does (see [`SqlStore`](crate::SqlStore) for the rule).
@@ -16,13 +17,13 @@ use crate::MemoryStore;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// let store = idem_stores::connect("memory://").await.unwrap();
-/// let err = idem_stores::connect("mongodb://localhost").await.unwrap_err();
+/// let store = idem::stores::connect("memory://").await.unwrap();
+/// let err = idem::stores::connect("mongodb://localhost").await.unwrap_err();
 /// assert!(err.to_string().contains("mongodb"));
 /// # }
 /// ```
 pub async fn connect(url: &str) -> Result<Arc<dyn Store>, Error> {
-    let scheme = url.split_once("://").map(|(s, _)| s).ok_or_else(|| Error::Connect {
+    let scheme = url.split_once("://").map(|(s, _)| s).ok_or_else(|| Error::Config {
         message: format!("`{url}` is not a store URL: expected `scheme://...` (memory, sqlite, postgres, mysql, redis, redis+cluster)"),
         source: None,
     })?;
@@ -50,7 +51,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Store>, Error> {
         "sqlite" => Ok(Arc::new(crate::SqliteStore::connect(url).await?)),
         #[cfg(not(feature = "sqlite"))]
         "sqlite" => missing(url, "sqlite"),
-        other => Err(Error::Connect {
+        other => Err(Error::Config {
             message: format!(
                 "unknown store URL scheme `{other}` in `{url}`: expected memory, sqlite, postgres, mysql, redis or redis+cluster"
             ),
@@ -62,7 +63,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Store>, Error> {
 #[allow(dead_code)]
 fn missing(url: &str, feature: &str) -> Result<Arc<dyn Store>, Error> {
     let scheme = url.split("://").next().unwrap_or(url);
-    Err(Error::Connect {
+    Err(Error::Config {
         message: format!(
             "the `{scheme}://` store needs the cargo feature `{feature}` of idem (or idem-stores); it is off in this build"
         ),

@@ -2,11 +2,11 @@
 //! `redis-cluster`), on the `redis` crate with tokio.
 //!
 //! ```no_run
-//! use idem_core::Idem;
-//! use idem_stores::redis::RedisStore;
+//! use idem::Idem;
+//! use idem::stores::redis::RedisStore;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), idem_core::Error> {
+//! # async fn main() -> Result<(), idem::Error> {
 //! // Or `idem::connect("redis://...")` / `idem::connect("redis+cluster://h1:7001,h2:7002")`.
 //! let store = RedisStore::builder()
 //!     .prefix("billing:idem:")
@@ -95,8 +95,12 @@
 //! none at the cost of an fsync per write.
 
 mod builder;
+mod connect;
+mod info;
+mod load;
 mod record;
 mod scripts;
+mod url;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -225,8 +229,8 @@ impl RedisStore {
     /// keys stay distinct).
     ///
     /// ```
-    /// # use idem_core::Key;
-    /// # fn show(store: &idem_stores::redis::RedisStore) {
+    /// # use idem::Key;
+    /// # fn show(store: &idem::stores::redis::RedisStore) {
     /// let key = Key::new("billing", "{order}-42").unwrap();
     /// assert_eq!(store.record_key(&key), "idem:billing/%7Border%7D-42"); // default prefix
     /// # }
