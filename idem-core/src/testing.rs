@@ -876,7 +876,8 @@ pub async fn engine_undecodable_result_is_a_decode_error_naming_the_key(store: A
     let idem = Idem::builder().shared_store(store).build().unwrap();
     let runs = AtomicU64::new(0);
     let err = idem
-        .run(k.clone(), Fingerprint::NONE, || async {
+        .call(k.clone(), Fingerprint::NONE)
+        .run(|| async {
             runs.fetch_add(1, Ordering::SeqCst);
             1u8
         })

@@ -179,11 +179,10 @@ async fn a_terminated_connection_is_a_store_error_and_the_body_does_not_run() {
     store.migrate().await.unwrap();
     let idem = Idem::new(store);
     let runs = AtomicU64::new(0);
-    idem.run(key("before"), Fingerprint::NONE, || async {
-        runs.fetch_add(1, Ordering::SeqCst)
-    })
-    .await
-    .unwrap();
+    idem.call(key("before"), Fingerprint::NONE)
+        .run(|| async { runs.fetch_add(1, Ordering::SeqCst) })
+        .await
+        .unwrap();
 
     // The connection must die while a claim is on it: between two calls, sqlx may notice a
     // terminated connection by itself and open a new one, and the claim would then simply
@@ -199,9 +198,9 @@ async fn a_terminated_connection_is_a_store_error_and_the_body_does_not_run() {
     .execute(&mut *holder)
     .await
     .unwrap();
-    let call = idem.run(key("after"), Fingerprint::NONE, || async {
-        runs.fetch_add(1, Ordering::SeqCst)
-    });
+    let call = idem
+        .call(key("after"), Fingerprint::NONE)
+        .run(|| async { runs.fetch_add(1, Ordering::SeqCst) });
     let terminate = async {
         // Until the store's connection waits on the held row, then terminate it.
         let waiting = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
@@ -235,11 +234,10 @@ async fn a_terminated_connection_is_a_store_error_and_the_body_does_not_run() {
     );
     // The pool replaces the dead connection: the next call works.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    idem.run(key("after"), Fingerprint::NONE, || async {
-        runs.fetch_add(1, Ordering::SeqCst)
-    })
-    .await
-    .unwrap();
+    idem.call(key("after"), Fingerprint::NONE)
+        .run(|| async { runs.fetch_add(1, Ordering::SeqCst) })
+        .await
+        .unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
@@ -260,9 +258,8 @@ async fn a_server_that_is_down_is_a_store_error_and_the_body_does_not_run() {
     let idem = Idem::new(PostgresStore::new(pool));
     let runs = AtomicU64::new(0);
     let err = idem
-        .run(key("down"), Fingerprint::NONE, || async {
-            runs.fetch_add(1, Ordering::SeqCst)
-        })
+        .call(key("down"), Fingerprint::NONE)
+        .run(|| async { runs.fetch_add(1, Ordering::SeqCst) })
         .await
         .unwrap_err();
     assert_store_error_with_source(&err);
@@ -309,7 +306,8 @@ async fn migrate_creates_no_token_sequence_and_leaves_an_old_one_alone() {
     );
     let idem = Idem::new(old);
     let v: u8 = idem
-        .run(key("old-table"), Fingerprint::NONE, || async { 3 })
+        .call(key("old-table"), Fingerprint::NONE)
+        .run(|| async { 3 })
         .await
         .unwrap();
     assert_eq!(v, 3);

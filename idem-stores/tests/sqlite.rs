@@ -142,7 +142,8 @@ async fn child_process_claims() {
             let idem = idem.clone();
             tokio::spawn(async move {
                 let v: String = idem
-                    .run(key(&format!("k{k}")), Fingerprint::NONE, || async move {
+                    .call(key(&format!("k{k}")), Fingerprint::NONE)
+                    .run(|| async move {
                         println!("IDEM-RAN k{k}");
                         tokio::time::sleep(Duration::from_millis(10)).await;
                         format!("{pid}")
@@ -244,7 +245,8 @@ async fn a_reopened_file_replays_the_stored_result() {
             .build()
             .unwrap();
         let v: String = idem
-            .run(key("reopen"), Fingerprint::NONE, || async {
+            .call(key("reopen"), Fingerprint::NONE)
+            .run(|| async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 "first".to_string()
             })
@@ -282,9 +284,8 @@ async fn a_closed_pool_is_a_store_error_and_the_body_does_not_run() {
     let idem = Idem::new(s);
     let runs = AtomicU64::new(0);
     let err = idem
-        .run(key("closed"), Fingerprint::NONE, || async {
-            runs.fetch_add(1, Ordering::SeqCst)
-        })
+        .call(key("closed"), Fingerprint::NONE)
+        .run(|| async { runs.fetch_add(1, Ordering::SeqCst) })
         .await
         .unwrap_err();
     assert_eq!(
@@ -359,9 +360,8 @@ async fn a_locked_file_ends_a_claim_at_the_step_timeout() {
     let runs = AtomicU64::new(0);
     let started = std::time::Instant::now();
     let err = idem
-        .run(key("locked"), Fingerprint::NONE, || async {
-            runs.fetch_add(1, Ordering::SeqCst)
-        })
+        .call(key("locked"), Fingerprint::NONE)
+        .run(|| async { runs.fetch_add(1, Ordering::SeqCst) })
         .await
         .unwrap_err();
     let took = started.elapsed();
@@ -395,7 +395,8 @@ async fn a_busy_timeout_below_the_step_timeout_says_the_database_is_locked() {
         .unwrap();
     let started = std::time::Instant::now();
     let err = idem
-        .run(key("busy"), Fingerprint::NONE, || async { 1u8 })
+        .call(key("busy"), Fingerprint::NONE)
+        .run(|| async { 1u8 })
         .await
         .unwrap_err();
     let took = started.elapsed();
@@ -411,7 +412,8 @@ async fn a_busy_timeout_below_the_step_timeout_says_the_database_is_locked() {
     writer.rollback().await.unwrap();
     // The lock is gone: the same store claims again.
     assert_eq!(
-        idem.run(key("busy"), Fingerprint::NONE, || async { 2u8 })
+        idem.call(key("busy"), Fingerprint::NONE)
+            .run(|| async { 2u8 })
             .await
             .unwrap(),
         2

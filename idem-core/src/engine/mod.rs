@@ -6,11 +6,8 @@
 //! checked and stored, [`release`] the guard that gives a claim back, [`heartbeat`] the lease
 //! extension while the body runs, and [`step`] the time bound on every store step.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-
-use serde::{de::DeserializeOwned, Serialize};
 
 use crate::cache::LocalCache;
 use crate::codec::BuiltinCodec;
@@ -167,23 +164,6 @@ impl Idem {
             codec: self.inner.codec,
             answer: std::marker::PhantomData,
         }
-    }
-
-    /// `self.call(key, fingerprint).run(body)`: kept, hidden, only until the SQL stores'
-    /// tests move to that spelling; not part of the API.
-    #[doc(hidden)]
-    pub async fn run<T, F, Fut>(
-        &self,
-        key: Key,
-        fingerprint: Fingerprint,
-        body: F,
-    ) -> Result<T, Error>
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = T>,
-        T: Serialize + DeserializeOwned,
-    {
-        self.call(key, fingerprint).run(body).await
     }
 
     /// Deletes the record under `key` from the store and from the local cache, so that the

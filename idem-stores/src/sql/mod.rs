@@ -64,7 +64,7 @@ impl TableName {
         table: &str,
         allow_schema: bool,
     ) -> Result<TableName, Error> {
-        let bad = |why: String| Error::Connect {
+        let bad = |why: String| Error::Config {
             message: format!("invalid {backend} table name `{table}`: {why}"),
             source: None,
         };

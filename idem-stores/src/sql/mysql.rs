@@ -44,7 +44,7 @@ pub const SCHEMA_VERSION: i32 = 1;
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// // Creates the table `billing_idem` and its procedure `billing_idem_claim` if missing.
-/// let store = idem_stores::MySqlStore::builder()
+/// let store = idem::stores::MySqlStore::builder()
 ///     .table("billing_idem")
 ///     .connect("mysql://app@localhost/app")
 ///     .await?;

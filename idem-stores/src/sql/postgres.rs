@@ -38,9 +38,9 @@ pub const SCHEMA_VERSION: i32 = 1;
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// use idem_stores::PostgresStore;
+/// use idem::stores::PostgresStore;
 /// let store = PostgresStore::connect("postgres://app@localhost/app").await?; // and migrates
-/// let idem = idem_core::Idem::new(store);
+/// let idem = idem::Idem::new(store);
 /// # Ok(()) }
 /// ```
 pub type PostgresStore = SqlStore<Postgres>;
@@ -50,8 +50,8 @@ pub type PostgresStore = SqlStore<Postgres>;
 ///
 /// ```no_run
 /// # use std::time::Duration;
-/// # async fn demo() -> Result<(), idem_core::Error> {
-/// let store = idem_stores::PostgresStore::builder()
+/// # async fn demo() -> Result<(), idem::Error> {
+/// let store = idem::stores::PostgresStore::builder()
 ///     .connect_timeout(Duration::from_secs(2))
 ///     .acquire_timeout(Duration::from_secs(1))
 ///     .table("billing_idem")

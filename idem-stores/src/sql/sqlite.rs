@@ -47,9 +47,9 @@ const NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-/// use idem_stores::SqliteStore;
+/// use idem::stores::SqliteStore;
 /// let store = SqliteStore::open("idem.db").await?; // file and table created when missing
-/// let idem = idem_core::Idem::new(store);
+/// let idem = idem::Idem::new(store);
 /// # Ok(()) }
 /// ```
 pub type SqliteStore = SqlStore<Sqlite>;

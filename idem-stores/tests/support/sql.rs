@@ -139,7 +139,7 @@ macro_rules! sql_store_tests {
                     let (idem, runs, k) = (engines[i % 2].clone(), runs.clone(), i % KEYS);
                     tasks.push(tokio::spawn(async move {
                         let v: usize = idem
-                            .run(key(&format!("k{k}")), Fingerprint::of(&k), || async move {
+                            .call(key(&format!("k{k}")), Fingerprint::of(&k)).run(|| async move {
                                 runs[k].fetch_add(1, Ordering::SeqCst);
                                 tokio::time::sleep(Duration::from_millis(20)).await;
                                 i
@@ -180,7 +180,7 @@ macro_rules! sql_store_tests {
                 let idem = Idem::new(store.clone());
                 let runs = AtomicU64::new(0);
                 let err = idem
-                    .run(key("no-table"), Fingerprint::NONE, || async {
+                    .call(key("no-table"), Fingerprint::NONE).run(|| async {
                         runs.fetch_add(1, Ordering::SeqCst)
                     })
                     .await
@@ -189,7 +189,7 @@ macro_rules! sql_store_tests {
                 assert_not_set_up(&err, &store.table());
                 assert!(store.get(&key("no-table")).await.is_err());
                 store.migrate().await.unwrap();
-                idem.run(key("no-table"), Fingerprint::NONE, || async { 1 })
+                idem.call(key("no-table"), Fingerprint::NONE).run(|| async { 1 })
                     .await
                     .unwrap();
             }
@@ -211,7 +211,7 @@ macro_rules! sql_store_tests {
                     .await
                     .unwrap();
                 let err = Idem::new(store)
-                    .run(k.clone(), Fingerprint::NONE, || async { 1u8 })
+                    .call(k.clone(), Fingerprint::NONE).run(|| async { 1u8 })
                     .await
                     .unwrap_err();
                 assert!(matches!(&err, Error::Decode { key, .. } if *key == k), "{err:?}");
@@ -251,7 +251,7 @@ macro_rules! sql_store_tests {
                 let Some((store, _guard)) = $fresh.await else { return };
                 for bad in ["x; DROP TABLE y", "a\"b", "a`b", "", "a.b.c", "1x", "x y"] {
                     let err = store.clone().with_table(bad).unwrap_err();
-                    assert!(matches!(err, Error::Connect { .. }), "{bad:?}: {err:?}");
+                    assert!(matches!(err, Error::Config { .. }), "{bad:?}: {err:?}");
                     assert!(err.to_string().contains("table name"), "{err}");
                 }
             }
@@ -267,7 +267,7 @@ macro_rules! sql_store_tests {
                 let store = <$store>::builder().table(&table).connect(&url).await.unwrap();
                 assert_eq!(store.table(), table);
                 let v: u8 = Idem::new(store)
-                    .run(key("connected"), Fingerprint::NONE, || async { 7 })
+                    .call(key("connected"), Fingerprint::NONE).run(|| async { 7 })
                     .await
                     .unwrap();
                 assert_eq!(v, 7);
@@ -280,7 +280,7 @@ macro_rules! sql_store_tests {
                     .await
                     .unwrap();
                 let err = Idem::new(store)
-                    .run(key("not-migrated"), Fingerprint::NONE, || async { 7u8 })
+                    .call(key("not-migrated"), Fingerprint::NONE).run(|| async { 7u8 })
                     .await
                     .unwrap_err();
                 assert_not_set_up(&err, &table);

@@ -218,7 +218,8 @@ pub async fn exchanges<DB: sqlx::Database>(
     proxy.take();
     let key = Key::new("round-trips", id).unwrap();
     let v: String = idem
-        .run(key, Fingerprint::NONE, || async {
+        .call(key, Fingerprint::NONE)
+        .run(|| async {
             // Lets the pool's background check of the claim's connection pass first.
             tokio::time::sleep(Duration::from_millis(50)).await;
             id.to_string()
