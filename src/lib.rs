@@ -61,6 +61,13 @@ pub use idem_core::{
 };
 pub use idem_stores::MemoryStore;
 
+/// The `Idempotency-Key` HTTP header: a tower layer (axum-compatible), the axum extractor
+/// (feature `http-axum`) and the retrying reqwest client (feature `http-client`). The crate
+/// `idem-http`.
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub use idem_http as http;
+
 /// Makes an `async fn` safe to retry: its body runs once per idempotency key, and every
 /// later call with that key gets the stored result instead of running it again.
 ///
