@@ -1,0 +1,195 @@
+//! The status and problem body of every engine error, and the key extractor, through axum.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+use http_body_util::BodyExt;
+use idem_core::{Error, Key, StoreError};
+use idem_http::{IdemError, IdempotencyKey};
+use tower::ServiceExt;
+
+fn key() -> Key {
+    Key::new("billing::charge", "o-1").unwrap()
+}
+
+async fn answer(err: Error) -> (StatusCode, Option<String>, serde_json::Value) {
+    let res = IdemError(err).into_response();
+    let status = res.status();
+    assert_eq!(res.headers()["content-type"], "application/problem+json");
+    let retry_after = res
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    (status, retry_after, serde_json::from_slice(&body).unwrap())
+}
+
+#[tokio::test]
+async fn every_error_has_its_status() {
+    let cases: Vec<(Error, u16, Option<&str>, &str)> = vec![
+        (
+            Error::InProgress {
+                key: key(),
+                retry_after: Duration::from_millis(2500),
+            },
+            409,
+            Some("3"),
+            "in-progress",
+        ),
+        (
+            Error::WaitTimeout {
+                key: key(),
+                waited: Duration::from_secs(10),
+            },
+            409,
+            Some("1"),
+            "in-progress",
+        ),
+        (Error::KeyReuse { key: key() }, 422, None, "key-reuse"),
+        (
+            Error::Store {
+                key: key(),
+                source: StoreError::Unavailable {
+                    backend: "redis",
+                    source: "refused".into(),
+                },
+            },
+            503,
+            Some("1"),
+            "store-unavailable",
+        ),
+        (
+            Error::Store {
+                key: key(),
+                source: StoreError::NotSetUp {
+                    backend: "postgres",
+                    message: "call migrate()".into(),
+                },
+            },
+            503,
+            None,
+            "store-unavailable",
+        ),
+        (
+            Error::LeaseLost { key: key() },
+            503,
+            Some("1"),
+            "lease-lost",
+        ),
+        (
+            Error::MissingKey {
+                scope: "billing::charge".into(),
+            },
+            400,
+            None,
+            "idempotency-key-missing",
+        ),
+        (
+            Error::InvalidKey {
+                key: String::new(),
+                reason: "empty".into(),
+            },
+            400,
+            None,
+            "idempotency-key-invalid",
+        ),
+        (
+            Error::Connect {
+                message: "no such scheme".into(),
+                source: None,
+            },
+            500,
+            None,
+            "idempotency-failure",
+        ),
+    ];
+    for (err, status, retry_after, kind) in cases {
+        let text = err.to_string();
+        let (s, r, body) = answer(err).await;
+        assert_eq!((s.as_u16(), r.as_deref()), (status, retry_after), "{text}");
+        assert_eq!(body["type"], format!("urn:idem:problem:{kind}"), "{text}");
+        assert!(
+            body["detail"].as_str().unwrap().starts_with(&text),
+            "the detail says what: {body}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_extractor_reads_the_key_or_rejects_with_a_problem() {
+    let app = Router::new().route(
+        "/",
+        get(|key: IdempotencyKey| async move { key.into_string() }),
+    );
+    let ok = app
+        .clone()
+        .oneshot(
+            Request::get("/")
+                .header("idempotency-key", "\"k-1\"")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    assert_eq!(ok.into_body().collect().await.unwrap().to_bytes(), "k-1");
+
+    let missing = app
+        .oneshot(Request::get("/").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 400);
+    assert_eq!(
+        missing.headers()["content-type"],
+        "application/problem+json"
+    );
+    let body: serde_json::Value =
+        serde_json::from_slice(&missing.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["type"], "urn:idem:problem:idempotency-key-missing");
+}
+
+/// Without a Content-Length, the limit is enforced while the body is read.
+#[tokio::test]
+async fn a_streamed_body_over_the_limit_is_413_before_the_handler() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counted = runs.clone();
+    let app = Router::new()
+        .route(
+            "/",
+            axum::routing::post(move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async { "ran" }
+            }),
+        )
+        .layer(
+            idem_http::IdempotencyLayer::new(idem_core::Idem::new(idem_stores::MemoryStore::new()))
+                .max_body(8),
+        );
+    let chunks = futures_chunks(vec!["12345", "67890"]);
+    let res = app
+        .oneshot(
+            Request::post("/")
+                .header("idempotency-key", "k")
+                .body(chunks)
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+/// A body of several chunks and no declared length.
+fn futures_chunks(chunks: Vec<&'static str>) -> Body {
+    Body::from_stream(futures_util::stream::iter(
+        chunks
+            .into_iter()
+            .map(|c| Ok::<_, std::io::Error>(bytes::Bytes::from(c))),
+    ))
+}
