@@ -52,12 +52,13 @@
 
 use std::sync::OnceLock;
 
+pub use idem_core::outcome;
 pub use idem_core::{async_trait, digest_hex, Bytes};
 pub use idem_core::{
     codec, BoxError, BuiltinCodec, Call, Capabilities, Claim, Codec, DecodeError, Error,
-    Fingerprint, Idem, IdemBuilder, InProgress, Json, Key, MissingKey, ReadableKeyId, Record,
-    Store, StoreError, Token, DEFAULT_LEASE, DEFAULT_STEP_TIMEOUT, DEFAULT_TTL,
-    DEFAULT_WAIT_TIMEOUT,
+    Fingerprint, Idem, IdemBuilder, InProgress, Json, Key, MissingKey, Origin, Outcome,
+    ReadableKeyId, Record, Store, StoreError, Token, DEFAULT_LEASE, DEFAULT_STEP_TIMEOUT,
+    DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
 };
 pub use idem_stores::MemoryStore;
 
@@ -110,6 +111,15 @@ pub use idem_http as http;
 /// - Any other return type `T` (including `()`) becomes `Result<T, idem::Error>`.
 /// - The stored type must be `Serialize + DeserializeOwned` (owned data, no `impl Trait`);
 ///   the compile error says so at the return type.
+/// - To tell a first run from a replay, declare the stored type as [`Outcome<T>`]:
+///   `-> idem::Outcome<T>` (which becomes `Result<idem::Outcome<T>, idem::Error>`) or
+///   `-> Result<idem::Outcome<T>, E>`. The body still evaluates to `T` (or `Result<T, E>`);
+///   the caller gets the value with its [`Origin`]: [`Origin::Ran`] for the call that ran
+///   the body, [`Origin::Store`] or [`Origin::LocalCache`] for a replay. The macro knows
+///   the type by its last path segment, `Outcome` with one type argument, as it knows
+///   `Result`; a type of your own named `Outcome<T>` cannot be the stored type (rename it
+///   in the signature with a `type` alias). It expands to the same call with
+///   [`.with_outcome()`](Call::with_outcome) before `.run...(...)`.
 ///
 /// ```
 /// use idem::idempotent;
@@ -147,6 +157,23 @@ pub use idem_http as http;
 /// # let n: Result<u64, idem::Error> = count(vec![1, 2]).await;
 /// # assert_eq!(n.unwrap(), 3);
 /// # }
+/// ```
+///
+/// ```
+/// use idem::{idempotent, Origin, Outcome};
+///
+/// #[idempotent(key = order_id)]
+/// async fn charge(order_id: String) -> Result<Outcome<u64>, idem::Error> {
+///     Ok(1250) // the body returns the value; the caller gets it with its origin
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem::Error> {
+/// let first = charge("o-7".into()).await?;
+/// let retry = charge("o-7".into()).await?;
+/// assert_eq!((first.origin(), retry.origin()), (Origin::Ran, Origin::Store));
+/// assert_eq!(retry.into_value(), 1250);
+/// # Ok(()) }
 /// ```
 ///
 /// # Keys and fingerprints

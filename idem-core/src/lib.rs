@@ -28,9 +28,10 @@ pub use async_trait::async_trait;
 pub use bytes::Bytes;
 pub use codec::{BuiltinCodec, Codec, Json};
 pub use digest::digest_hex;
+pub use engine::outcome;
 pub use engine::{
-    Call, Idem, IdemBuilder, InProgress, MissingKey, DEFAULT_LEASE, DEFAULT_STEP_TIMEOUT,
-    DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT, MAX_DURATION,
+    Call, Idem, IdemBuilder, InProgress, MissingKey, Origin, Outcome, DEFAULT_LEASE,
+    DEFAULT_STEP_TIMEOUT, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT, MAX_DURATION,
 };
 pub use error::{BoxError, DecodeError, Error, StoreError};
 pub use key::{Key, ReadableKeyId, MAX_ID_LEN, MAX_SCOPE_LEN};

@@ -17,6 +17,7 @@ pub use crate::{Call, Error, Fingerprint, Idem, InProgress, Key, MissingKey};
 
 use crate::codec::Codec;
 use crate::key::ReadableKeyId;
+use crate::outcome::Answer;
 
 // ---------------------------------------------------------------------------------------
 // Key ids.
@@ -354,11 +355,17 @@ impl<T> ViaNoEq<T> for EqProbe<T> {
     }
 }
 
-/// [`Call::run`] for a function that returns a value `T`.
-pub async fn run<T, C, F, Fut>(call: Call<'_, C>, eq: ValueEq<T>, body: F) -> Result<T, Error>
+/// [`Call::run`] for a function that returns a value `T` (or `Outcome<T>`, with
+/// `R = WithOutcome`).
+pub async fn run<T, C, R, F, Fut>(
+    call: Call<'_, C, R>,
+    eq: ValueEq<T>,
+    body: F,
+) -> Result<R::Out<T>, Error>
 where
     T: CachedValue,
     C: Codec,
+    R: Answer,
     F: FnOnce() -> Fut,
     Fut: Future<Output = T>,
 {
@@ -368,15 +375,16 @@ where
 /// [`Call::run_fallible`] for a function that returns `Result<T, E>`. The conversion of
 /// idem's own errors into `E` is passed in (`error_from::<E>`, whose bound is checked at
 /// the user's error type), so that this future's type carries no bound on `E`.
-pub async fn run_fallible<T, E, C, F, Fut>(
-    call: Call<'_, C>,
+pub async fn run_fallible<T, E, C, R, F, Fut>(
+    call: Call<'_, C, R>,
     eq: ValueEq<T>,
     from_idem: fn(Error) -> E,
     body: F,
-) -> Result<T, E>
+) -> Result<R::Out<T>, E>
 where
     T: CachedValue,
     C: Codec,
+    R: Answer,
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
@@ -410,16 +418,17 @@ pub fn error_from<E: IdemErrorType>(e: Error) -> E {
 }
 
 /// [`Call::run_caching_errors`] for a function with `cache_errors`.
-pub async fn run_caching_errors<T, E, C, P, F, Fut>(
-    call: Call<'_, C>,
+pub async fn run_caching_errors<T, E, C, R, P, F, Fut>(
+    call: Call<'_, C, R>,
     eq: (ValueEq<T>, ValueEq<E>),
     cache_if: P,
     body: F,
-) -> Result<T, E>
+) -> Result<R::Out<T>, E>
 where
     T: CachedValue,
     E: CachedErrorType,
     C: Codec,
+    R: Answer,
     P: Fn(&E) -> bool,
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<T, E>>,

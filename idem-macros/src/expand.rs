@@ -73,7 +73,7 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
             let eq = eq_of(&ty.to_token_stream());
             (
                 quote!(run),
-                quote!(#ty, _, _, _),
+                quote!(#ty, _, _, _, _),
                 None,
                 ty.span(),
                 quote!(#eq,),
@@ -100,7 +100,7 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
                 let err_eq = eq_of(&err);
                 (
                     quote!(run_caching_errors),
-                    quote!(#ok, #err, _, _, _, _),
+                    quote!(#ok, #err, _, _, _, _, _),
                     None,
                     at,
                     quote!((#ok_eq, #err_eq),),
@@ -108,7 +108,7 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
             } else {
                 (
                     quote!(run_fallible),
-                    quote!(#ok, #err, _, _, _),
+                    quote!(#ok, #err, _, _, _, _),
                     Some(quote!(#pr::error_from::<#err>,)),
                     at,
                     quote!(#ok_eq,),
@@ -216,6 +216,9 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
     {
         options.extend(quote!(.missing_key(#pr::MissingKey::Run)));
     }
+    if checked.outcome {
+        options.extend(quote!(.with_outcome()));
+    }
     let predicate = match &args.cache_errors {
         Some(opt) => match &opt.value {
             Some(pred) => quote!(#pred,),
@@ -227,7 +230,13 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
     let body_ty = &checked.body_ty;
     let block = match &checked.shape {
         Shape::Async => func.block.to_token_stream(),
-        Shape::AsyncTrait { body } => mark_rebindings_used(body).to_token_stream(),
+        Shape::AsyncTrait { body } => {
+            let mut body = mark_rebindings_used(body);
+            if checked.outcome {
+                retype_async_trait_block(&mut body, body_ty);
+            }
+            body.to_token_stream()
+        }
     };
     let run_path = respan(quote!(#pr::#run), at);
     let body = quote! {
@@ -272,9 +281,10 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
     match checked.shape {
         Shape::Async => {
             if let Ret::Value(ty) = &checked.ret {
-                let arrow = match &func.sig.output {
-                    ReturnType::Type(arrow, _) => *arrow,
-                    ReturnType::Default => Default::default(),
+                // The declared type (`Outcome<T>` stays), or `()` for none.
+                let (arrow, ty) = match &func.sig.output {
+                    ReturnType::Type(arrow, declared) => (*arrow, &**declared),
+                    ReturnType::Default => (Default::default(), ty),
                 };
                 let wrapped: Type = syn::parse_quote_spanned!(ty.span()=>
                     ::core::result::Result<#ty, #krate::Error>
@@ -311,6 +321,38 @@ fn mark_rebindings_used(block: &syn::Block) -> syn::Block {
     }
     block.stmts = stmts;
     block
+}
+
+/// `#[async_trait]` types its block by the trait's output (`if let Some(__ret) =
+/// None::<Ret>` and `let __ret: Ret = { body };`); for a method that returns
+/// `Result<Outcome<T>, E>`, the body evaluates to `Result<T, E>`, so both become that.
+fn retype_async_trait_block(block: &mut syn::Block, body_ty: &Type) {
+    for stmt in &mut block.stmts {
+        match stmt {
+            syn::Stmt::Local(local) => {
+                if let syn::Pat::Type(pat) = &mut local.pat {
+                    if matches!(&*pat.pat, syn::Pat::Ident(i) if i.ident == "__ret") {
+                        *pat.ty = body_ty.clone();
+                    }
+                }
+            }
+            syn::Stmt::Expr(syn::Expr::If(expr_if), _) => {
+                let syn::Expr::Let(let_expr) = &mut *expr_if.cond else {
+                    continue;
+                };
+                let syn::Expr::Path(path) = &mut *let_expr.expr else {
+                    continue;
+                };
+                if let Some(last) = path.path.segments.last_mut() {
+                    if last.ident == "None" {
+                        last.arguments =
+                            syn::PathArguments::AngleBracketed(syn::parse_quote!(::<#body_ty>));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 /// `x` in `let x = x;` or `let mut x = x;`.

@@ -38,6 +38,10 @@ pub struct Func {
     pub ret: Ret,
     /// The type the body evaluates to (`T`, or `Result<T, E>`).
     pub body_ty: Type,
+    /// The function returns `Outcome<T>` (or `Result<Outcome<T>, E>`) while its body
+    /// evaluates to `T` (or `Result<T, E>`): the engine call then reports where the result
+    /// came from.
+    pub outcome: bool,
     /// Bindings of the arguments that are digested (receivers and skipped ones left out),
     /// in order.
     pub digested: Vec<Ident>,
@@ -103,6 +107,8 @@ pub fn check(func: &ItemFn, args: &Args) -> Result<Func, syn::Error> {
             ReturnType::Type(_, ty) => ((**ty).clone(), classify(ty)),
         },
     };
+    // `Outcome<T>` in the place of the stored value: the body evaluates to `T` there.
+    let (body_ty, ret, outcome) = unwrap_outcome(body_ty, ret);
     if let Some(span) = find_impl_trait(&body_ty) {
         errors.push(syn::Error::new(
             span,
@@ -183,8 +189,73 @@ pub fn check(func: &ItemFn, args: &Args) -> Result<Func, syn::Error> {
         shape: shape.expect("no error means a shape"),
         ret,
         body_ty,
+        outcome,
         digested,
     })
+}
+
+/// `T` in `Outcome<T>` or `idem::Outcome<T>`, by the last path segment (as `Result` is
+/// recognised by name): the replay signal the fn asks for.
+fn outcome_inner(ty: &Type) -> Option<&Type> {
+    match ty {
+        Type::Path(p) if p.qself.is_none() => single_type_arg(ty, "Outcome"),
+        _ => None,
+    }
+}
+
+/// The body's type, the stored types, and whether the fn returns an `Outcome`: the
+/// declared `Outcome<T>` becomes `T`, `Result<Outcome<T>, E>` becomes `Result<T, E>`.
+fn unwrap_outcome(body_ty: Type, ret: Ret) -> (Type, Ret, bool) {
+    match ret {
+        Ret::Value(ty) => match outcome_inner(&ty) {
+            Some(inner) => (inner.clone(), Ret::Value(inner.clone()), true),
+            None => (body_ty, Ret::Value(ty), false),
+        },
+        Ret::Result {
+            full,
+            ok: Some(ok),
+            err,
+        } => match outcome_inner(&ok).cloned() {
+            Some(inner) => {
+                let mut unwrapped = (*full).clone();
+                replace_first_type_arg(&mut unwrapped, &inner);
+                let ret = Ret::Result {
+                    full: Box::new(unwrapped.clone()),
+                    ok: Some(Box::new(inner)),
+                    err,
+                };
+                (unwrapped, ret, true)
+            }
+            None => (
+                body_ty,
+                Ret::Result {
+                    full,
+                    ok: Some(ok),
+                    err,
+                },
+                false,
+            ),
+        },
+        ret => (body_ty, ret, false),
+    }
+}
+
+/// `Result<U, E>` from `Result<T, E>` (the first type argument of the last segment).
+fn replace_first_type_arg(ty: &mut Type, with: &Type) {
+    let Type::Path(p) = ty else { return };
+    let Some(last) = p.path.segments.last_mut() else {
+        return;
+    };
+    let PathArguments::AngleBracketed(a) = &mut last.arguments else {
+        return;
+    };
+    if let Some(GenericArgument::Type(t)) = a
+        .args
+        .iter_mut()
+        .find(|arg| matches!(arg, GenericArgument::Type(_)))
+    {
+        *t = with.clone();
+    }
 }
 
 /// The first type or const parameter of the fn, or `impl Trait` among its argument types.

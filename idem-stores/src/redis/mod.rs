@@ -95,8 +95,12 @@
 //! none at the cost of an fsync per write.
 
 mod builder;
+mod connect;
+mod info;
+mod load;
 mod record;
 mod scripts;
+mod url;
 
 use std::sync::Arc;
 use std::time::Duration;

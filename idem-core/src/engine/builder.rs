@@ -1,0 +1,146 @@
+//! [`IdemBuilder`]: the store and the defaults of an engine, checked once when it is built.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{
+    Idem, InProgress, Inner, DEFAULT_LEASE, DEFAULT_STEP_TIMEOUT, DEFAULT_TTL,
+    DEFAULT_WAIT_TIMEOUT, MAX_DURATION, MIN_DURATION,
+};
+use crate::cache::LocalCache;
+use crate::codec::BuiltinCodec;
+use crate::error::Error;
+use crate::store::Store;
+
+/// Builds an [`Idem`]: `Idem::builder().store(s).ttl(...).build()`.
+#[derive(Debug, Default)]
+#[must_use]
+pub struct IdemBuilder {
+    store: Option<Arc<dyn Store>>,
+    codec: BuiltinCodec,
+    ttl: Option<Duration>,
+    lease: Option<Duration>,
+    in_progress: InProgress,
+    wait_timeout: Option<Duration>,
+    step_timeout: Option<Duration>,
+    local_cache: Option<(usize, Duration)>,
+}
+
+impl IdemBuilder {
+    /// The store (required). Any `Store`, including an `Arc<dyn Store>`.
+    pub fn store<S: Store>(mut self, store: S) -> Self {
+        self.store = Some(Arc::new(store));
+        self
+    }
+
+    /// A store already shared as `Arc<dyn Store>`.
+    pub fn shared_store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// The codec of stored results (default JSON).
+    pub fn codec(mut self, codec: BuiltinCodec) -> Self {
+        self.codec = codec;
+        self
+    }
+
+    /// How long a stored result lives (default 24 hours).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// How long a claim holds its key before another caller may take it over (default 30
+    /// seconds). The engine extends it every third of its length while the body runs.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// What a concurrent duplicate does (default [`InProgress::Reject`]).
+    pub fn in_progress(mut self, mode: InProgress) -> Self {
+        self.in_progress = mode;
+        self
+    }
+
+    /// How long a duplicate waits in [`InProgress::Wait`] mode (default 10 seconds).
+    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
+        self.wait_timeout = Some(timeout);
+        self
+    }
+
+    /// The longest wait for one store step (default 5 seconds): a claim, a complete, an
+    /// extend, a release (also the background release of a dropped call), the delete of
+    /// [`Idem::forget`], and the get that checks a complete whose answer was lost; a
+    /// waiting duplicate's [`Store::wait`] gets its pause plus this. A step that runs out
+    /// of time is abandoned and answers
+    /// [`StoreError::Timeout`](crate::StoreError::Timeout) naming the step and the backend, a temporary failure. The
+    /// heartbeat tries again at its next beat; a complete is tried again while the lease
+    /// runs. Keep the store's own timeouts (pool acquire, connect, command) at or below it.
+    pub fn step_timeout(mut self, timeout: Duration) -> Self {
+        self.step_timeout = Some(timeout);
+        self
+    }
+
+    /// Keeps up to `capacity` completed results in process memory for at most `max_age`,
+    /// so that replays of hot keys skip the store. A record deleted from the store through
+    /// another process, or expired there, may still be replayed from here until `max_age`
+    /// passes: keep `max_age` short next to the ttl.
+    pub fn local_cache(mut self, capacity: usize, max_age: Duration) -> Self {
+        self.local_cache = Some((capacity, max_age));
+        self
+    }
+
+    /// Builds the engine. Fails when no store was given or a duration is zero (or over 100
+    /// years).
+    pub fn build(self) -> Result<Idem, Error> {
+        let store = self.store.ok_or_else(|| Error::Connect {
+            message: "Idem::builder() needs a store: call .store(...) before .build()".into(),
+            source: None,
+        })?;
+        let ttl = self.ttl.unwrap_or(DEFAULT_TTL);
+        let lease = self.lease.unwrap_or(DEFAULT_LEASE);
+        let wait_timeout = self.wait_timeout.unwrap_or(DEFAULT_WAIT_TIMEOUT);
+        let step_timeout = self.step_timeout.unwrap_or(DEFAULT_STEP_TIMEOUT);
+        for (name, d) in [
+            ("ttl", ttl),
+            ("lease", lease),
+            ("wait_timeout", wait_timeout),
+            ("step_timeout", step_timeout),
+        ] {
+            if let Err(reason) = check_duration(d) {
+                return Err(Error::Connect {
+                    message: format!("Idem::builder(): `{name}` is {d:?}; {reason}"),
+                    source: None,
+                });
+            }
+        }
+        Ok(Idem {
+            inner: Arc::new(Inner {
+                store,
+                codec: self.codec,
+                ttl,
+                lease,
+                in_progress: self.in_progress,
+                wait_timeout,
+                step_timeout,
+                cache: self
+                    .local_cache
+                    .filter(|(capacity, _)| *capacity > 0)
+                    .map(|(capacity, max_age)| LocalCache::new(capacity, max_age)),
+            }),
+        })
+    }
+}
+
+/// Whether a ttl, lease or timeout is within what stores and clocks can keep.
+pub(super) fn check_duration(d: Duration) -> Result<(), &'static str> {
+    if d < MIN_DURATION {
+        Err("it must be at least 1ms")
+    } else if d > MAX_DURATION {
+        Err("it must be at most 100 years")
+    } else {
+        Ok(())
+    }
+}

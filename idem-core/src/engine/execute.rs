@@ -1,0 +1,116 @@
+//! The state machine every run goes through, top to bottom: key, options, local cache,
+//! claim (or replay, or wait), the body under a heartbeat, then release or check and store.
+
+use std::future::Future;
+
+use serde::{de::DeserializeOwned, Serialize};
+
+use super::builder::check_duration;
+use super::claim::{claim_or_wait, Claimed};
+use super::complete::{check_round_trip, decode, store_result, ErrorPolicy, ValueEq};
+use super::heartbeat::with_heartbeat;
+use super::release::ReleaseGuard;
+use super::{Call, MissingKey, Origin};
+use crate::codec::Codec;
+use crate::envelope::{self, Kind};
+use crate::error::Error;
+
+impl<C: Codec, R> Call<'_, C, R> {
+    /// Runs the call: the body's outcome (or the stored one) and where it came from, or
+    /// idem's own error.
+    pub(super) async fn execute<T, E, F, Fut, P>(
+        self,
+        body: F,
+        policy: P,
+        eq: ValueEq<T>,
+    ) -> Result<(Result<T, E>, Origin), Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        P: ErrorPolicy<E>,
+    {
+        let key = match self.key {
+            Ok(key) => key,
+            Err(Error::MissingKey { scope }) if self.missing_key == MissingKey::Run => {
+                tracing::warn!(target: "idem", scope = %scope,
+                    "no idempotency key for this call: running it without idempotency");
+                return Ok((body().await, Origin::Ran));
+            }
+            Err(e) => return Err(e),
+        };
+        let inner = &*self.idem.inner;
+        let ttl = self.ttl.unwrap_or(inner.ttl);
+        let lease = self.lease.unwrap_or(inner.lease);
+        let mode = self.in_progress.unwrap_or(inner.in_progress);
+        let wait_timeout = self.wait_timeout.unwrap_or(inner.wait_timeout);
+        for (option, d) in [
+            ("ttl", ttl),
+            ("lease", lease),
+            ("wait_timeout", wait_timeout),
+        ] {
+            if let Err(reason) = check_duration(d) {
+                return Err(Error::InvalidOption {
+                    key,
+                    option,
+                    reason: format!("{d:?}: {reason}"),
+                });
+            }
+        }
+        let (fp, version, codec) = (self.fingerprint, self.version, &self.codec);
+        let (store, step_timeout) = (&*inner.store, inner.step_timeout);
+
+        if let Some(hit) = inner.cache.as_ref().and_then(|c| c.get(&key)) {
+            if !fp.matches(&hit.fingerprint) {
+                return Err(Error::KeyReuse { key });
+            }
+            tracing::debug!(target: "idem", key = %key, "replay from the local cache");
+            let out = decode(codec, &policy, version, key, &hit.payload)?;
+            return Ok((out, Origin::LocalCache));
+        }
+
+        let claimed = claim_or_wait(store, step_timeout, &key, fp, lease, mode, wait_timeout);
+        let (token, leased_at) = match claimed.await? {
+            Claimed::Ours { token, leased_at } => (token, leased_at),
+            Claimed::Completed {
+                fingerprint,
+                payload,
+            } => {
+                if let Some(cache) = &inner.cache {
+                    cache.insert(key.clone(), fingerprint, payload.clone(), ttl);
+                }
+                let out = decode(codec, &policy, version, key, &payload)?;
+                return Ok((out, Origin::Store));
+            }
+        };
+
+        // From here until the record is completed or released, dropping this future (or a
+        // panic in the body) releases the claim in the background.
+        let mut guard = ReleaseGuard::new(inner.store.clone(), step_timeout, key.clone(), token);
+        let beat = with_heartbeat(store, step_timeout, &key, token, lease, leased_at, body()).await;
+
+        let sealed = match &beat.out {
+            Ok(value) => envelope::seal(codec, Kind::Value, version, value),
+            Err(e) if policy.cache(e) => policy.seal(codec, version, e),
+            Err(_) => {
+                guard.release().await;
+                return Ok((beat.out, Origin::Ran));
+            }
+        };
+        // The body succeeded (or failed in a way to keep): from here on a release would
+        // invite a second run of its side effect. If the result is not stored, the claim
+        // ends with its lease instead, also when this future is dropped mid-way.
+        guard.disarm();
+        let (sealed, out) = check_round_trip(codec, &policy, version, &key, beat.out, sealed, eq)?;
+        if beat.lost {
+            return Err(Error::LeaseLost { key });
+        }
+        let lease_ends = beat.leased_at + lease;
+        store_result(store, step_timeout, &key, token, &sealed, ttl, lease_ends).await?;
+        tracing::debug!(target: "idem", key = %key, token = %token, "completed");
+        if let Some(cache) = &inner.cache {
+            cache.insert(key, fp, sealed, ttl);
+        }
+        Ok((out, Origin::Ran))
+    }
+}

@@ -1,0 +1,175 @@
+//! The `Idem` engine: claim, run once, store, replay.
+//!
+//! Each file holds one part: [`builder`] the engine's defaults, [`call`] one call's options,
+//! [`run`] the ways to run a body, [`execute`] the state machine every run goes through,
+//! [`claim`] the claim and the wait for a concurrent holder, [`complete`] how a result is
+//! checked and stored, [`release`] the guard that gives a claim back, [`heartbeat`] the lease
+//! extension while the body runs, and [`step`] the time bound on every store step.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{de::DeserializeOwned, Serialize};
+
+use crate::cache::LocalCache;
+use crate::codec::BuiltinCodec;
+use crate::error::Error;
+use crate::key::Key;
+use crate::store::{Fingerprint, Store};
+
+mod builder;
+mod call;
+mod claim;
+mod complete;
+mod execute;
+mod heartbeat;
+pub mod outcome;
+mod release;
+mod run;
+mod step;
+
+pub use builder::IdemBuilder;
+pub use call::{Call, InProgress, MissingKey};
+pub use outcome::{Origin, Outcome};
+
+use step::step;
+
+/// The default time a stored result lives: 24 hours.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// The default lease of a claim: 30 seconds, extended in the background while the body runs.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+/// The default longest wait for a concurrent duplicate in `InProgress::Wait` mode.
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default longest wait for one store step (claim, complete, extend, release, get,
+/// delete), the store's wait for a free connection included.
+pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The shortest ttl or lease accepted: stores keep time in milliseconds.
+const MIN_DURATION: Duration = Duration::from_millis(1);
+/// The longest ttl, lease or wait accepted: 100 years. Longer ones would overflow clocks
+/// (`Instant + Duration`, Redis `PX`); no idempotency record needs to outlive that.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+/// The idempotency engine: a store plus defaults. Cheap to clone; share one per process.
+///
+/// See the `idem` crate's documentation for a runnable example on the memory store.
+#[derive(Clone)]
+pub struct Idem {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    codec: BuiltinCodec,
+    ttl: Duration,
+    lease: Duration,
+    in_progress: InProgress,
+    wait_timeout: Duration,
+    step_timeout: Duration,
+    cache: Option<LocalCache>,
+}
+
+impl std::fmt::Debug for Idem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idem")
+            .field("store", &self.inner.store)
+            .field("codec", &self.inner.codec)
+            .field("ttl", &self.inner.ttl)
+            .field("lease", &self.inner.lease)
+            .field("in_progress", &self.inner.in_progress)
+            .field("wait_timeout", &self.inner.wait_timeout)
+            .field("step_timeout", &self.inner.step_timeout)
+            .field("local_cache", &self.inner.cache.is_some())
+            .finish()
+    }
+}
+
+impl Idem {
+    /// An engine on `store` with every default.
+    pub fn new<S: Store>(store: S) -> Idem {
+        Idem::builder()
+            .store(store)
+            .build()
+            .expect("the defaults are valid")
+    }
+
+    /// A builder.
+    pub fn builder() -> IdemBuilder {
+        IdemBuilder::default()
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// The default time to live of stored results.
+    pub fn ttl(&self) -> Duration {
+        self.inner.ttl
+    }
+
+    /// The default lease.
+    pub fn lease(&self) -> Duration {
+        self.inner.lease
+    }
+
+    /// The longest wait for one store step.
+    pub fn step_timeout(&self) -> Duration {
+        self.inner.step_timeout
+    }
+
+    /// Starts a call under `key`, whose options can then be set one by one.
+    pub fn call(&self, key: Key) -> Call<'_, BuiltinCodec> {
+        self.call_checked(Ok(key))
+    }
+
+    /// Starts a call whose key may have failed to build; the error is returned when the
+    /// call runs, before any store access. This is what `#[idempotent]` expands to.
+    pub fn call_checked(&self, key: Result<Key, Error>) -> Call<'_, BuiltinCodec> {
+        Call {
+            idem: self,
+            key,
+            fingerprint: Fingerprint::NONE,
+            ttl: None,
+            lease: None,
+            in_progress: None,
+            wait_timeout: None,
+            version: 0,
+            missing_key: MissingKey::Error,
+            codec: self.inner.codec,
+            answer: std::marker::PhantomData,
+        }
+    }
+
+    /// Runs `body` at most once for `key` and returns its (stored) result.
+    /// Shorthand for `self.call(key).fingerprint(fingerprint).run(body)`.
+    pub async fn run<T, F, Fut>(
+        &self,
+        key: Key,
+        fingerprint: Fingerprint,
+        body: F,
+    ) -> Result<T, Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = T>,
+        T: Serialize + DeserializeOwned,
+    {
+        self.call(key).fingerprint(fingerprint).run(body).await
+    }
+
+    /// Deletes the record under `key` from the store and from the local cache, so that the
+    /// next call runs the body again.
+    pub async fn forget(&self, key: &Key) -> Result<bool, Error> {
+        if let Some(cache) = &self.inner.cache {
+            cache.remove(key);
+        }
+        let store = &*self.inner.store;
+        step(store, "delete", self.inner.step_timeout, store.delete(key))
+            .await
+            .map_err(|source| Error::Store {
+                key: key.clone(),
+                source,
+            })
+    }
+}

@@ -1,0 +1,89 @@
+//! [`ReleaseGuard`]: gives a claim back when its call ends without a result to store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::step::step;
+use crate::key::Key;
+use crate::store::{Store, Token};
+
+/// Releases a claim that was neither completed nor released: on an early return, a panic in
+/// the body, or the caller dropping the future.
+pub(super) struct ReleaseGuard {
+    store: Arc<dyn Store>,
+    step_timeout: Duration,
+    key: Key,
+    token: Option<Token>,
+}
+
+impl ReleaseGuard {
+    /// A guard that releases `token`'s claim of `key` unless disarmed.
+    pub(super) fn new(
+        store: Arc<dyn Store>,
+        step_timeout: Duration,
+        key: Key,
+        token: Token,
+    ) -> Self {
+        ReleaseGuard {
+            store,
+            step_timeout,
+            key,
+            token: Some(token),
+        }
+    }
+
+    pub(super) fn disarm(&mut self) {
+        self.token = None;
+    }
+
+    pub(super) async fn release(&mut self) {
+        // The token is cleared only once the release has answered: dropped mid-way, the
+        // guard still releases in the background.
+        if let Some(token) = self.token {
+            let store = &*self.store;
+            let res = step(
+                store,
+                "release",
+                self.step_timeout,
+                store.release(&self.key, token),
+            )
+            .await;
+            self.token = None;
+            match res {
+                Ok(()) => {
+                    tracing::debug!(target: "idem", key = %self.key, token = %token, "released")
+                }
+                Err(e) => {
+                    tracing::warn!(target: "idem", key = %self.key, token = %token, error = %e,
+                    "could not release the claim; it ends with its lease")
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ReleaseGuard {
+    fn drop(&mut self) {
+        let Some(token) = self.token.take() else {
+            return;
+        };
+        let (store, key, limit) = (self.store.clone(), self.key.clone(), self.step_timeout);
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    let store = &*store;
+                    match step(store, "release", limit, store.release(&key, token)).await {
+                        Ok(()) => tracing::debug!(target: "idem", key = %key, token = %token,
+                            "released after the call was dropped or panicked"),
+                        Err(e) => {
+                            tracing::warn!(target: "idem", key = %key, token = %token, error = %e,
+                            "could not release a dropped call's claim; it ends with its lease")
+                        }
+                    }
+                });
+            }
+            Err(_) => tracing::warn!(target: "idem", key = %key,
+                "a call was dropped outside a tokio runtime; its claim ends with its lease"),
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! The time bound on every store step, and how a store failure reads to the caller.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::error::{DecodeError, Error, StoreError};
+use crate::key::Key;
+use crate::store::Store;
+
+/// A store failure as the caller sees it. A value under the key that is not an idem record
+/// is a decode failure of that key, not an outage.
+pub(super) fn store_error(key: &Key, source: StoreError) -> Error {
+    match source {
+        StoreError::Corrupt { reason, .. } => Error::Decode {
+            key: key.clone(),
+            source: DecodeError::Corrupt { reason },
+        },
+        source => Error::Store {
+            key: key.clone(),
+            source,
+        },
+    }
+}
+
+/// Runs one store step under `limit`: every store call of the engine goes through here, so
+/// that an outage, a lost connection or a lock held elsewhere costs a caller at most this
+/// long per step, and the error says which step of which backend ran out of time.
+pub(super) async fn step<T>(
+    store: &dyn Store,
+    name: &'static str,
+    limit: Duration,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    match tokio::time::timeout(limit, call).await {
+        Ok(res) => res,
+        Err(_) => Err(StoreError::Timeout {
+            backend: store.backend(),
+            step: name,
+            after: limit,
+        }),
+    }
+}
