@@ -1,7 +1,7 @@
 //! [`IdempotencyService`]: reads the key and the body, then runs the handler once per key
 //! in a task of its own and answers every duplicate from the store.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -10,8 +10,7 @@ use http::header::{HeaderValue, CONTENT_LENGTH};
 use http::{response, Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idem_core::{BoxError, Call, Fingerprint, Key};
-use serde::{de::DeserializeOwned, Serialize};
+use idem_core::{BoxError, Fingerprint, Key};
 use tower::Service;
 
 use crate::config::{Config, IDEMPOTENT_REPLAYED};
@@ -203,31 +202,33 @@ where
     // The first caller gets the handler's response whole (every header); the store keeps
     // the chosen headers only, for replays.
     let first: Mutex<Option<(response::Parts, Bytes)>> = Mutex::new(None);
-    let outcome = run_call(call, || async {
-        let res = inner.call(req).await.map_err(Failure::Inner)?;
-        let (parts, body) = res.into_parts();
-        let bytes = body
-            .collect()
-            .await
-            .map_err(|e| Failure::Body(e.into()))?
-            .to_bytes();
-        if !config.stores_status(parts.status) {
-            return Err(Failure::NotStored(parts, bytes));
-        }
-        let stored = StoredResponse::new(&parts, &bytes, &config.stored_headers);
-        *first.lock().expect("not poisoned") = Some((parts, bytes));
-        Ok(stored)
-    })
-    .await;
+    let outcome = call
+        .with_outcome()
+        .run_fallible(|| async {
+            let res = inner.call(req).await.map_err(Failure::Inner)?;
+            let (parts, body) = res.into_parts();
+            let bytes = body
+                .collect()
+                .await
+                .map_err(|e| Failure::Body(e.into()))?
+                .to_bytes();
+            if !config.stores_status(parts.status) {
+                return Err(Failure::NotStored(parts, bytes));
+            }
+            let stored = StoredResponse::new(&parts, &bytes, &config.stored_headers);
+            *first.lock().expect("not poisoned") = Some((parts, bytes));
+            Ok(stored)
+        })
+        .await;
     match outcome {
-        Ok((stored, Replayed(false))) => {
+        Ok(outcome) if !outcome.is_replay() => {
             let first = first.lock().expect("not poisoned").take();
             Ok(match first {
                 Some((parts, bytes)) => Response::from_parts(parts, ResBody::from(bytes)),
-                None => replay(&stored),
+                None => replay(outcome.value()),
             })
         }
-        Ok((stored, Replayed(true))) => Ok(replay(&stored)),
+        Ok(outcome) => Ok(replay(outcome.value())),
         Err(Failure::Idem(err)) => {
             let problem = Problem::for_client(&err, &client_key);
             if problem.status.is_server_error() {
@@ -260,27 +261,4 @@ fn replay<B: From<Bytes>>(stored: &StoredResponse) -> Response<B> {
         ))
         .to_response(),
     }
-}
-
-/// Whether a result came from the store rather than from running the body.
-struct Replayed(bool);
-
-/// ADAPTER for the engine's replay signal (issue 11, point 1), which is being added on
-/// branch `api`. Until it lands, a replay is told apart by whether the engine called the
-/// body. The merge replaces this one function with the engine's own signal.
-async fn run_call<T, E, F, Fut>(call: Call<'_>, body: F) -> Result<(T, Replayed), E>
-where
-    F: FnOnce() -> Fut,
-    Fut: std::future::Future<Output = Result<T, E>>,
-    T: Serialize + DeserializeOwned,
-    E: From<idem_core::Error>,
-{
-    let ran = AtomicBool::new(false);
-    let value = call
-        .run_fallible(|| {
-            ran.store(true, Ordering::SeqCst);
-            body()
-        })
-        .await?;
-    Ok((value, Replayed(!ran.load(Ordering::SeqCst))))
 }
