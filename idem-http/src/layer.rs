@@ -138,8 +138,18 @@ impl IdempotencyLayer {
 
     /// The scope of the stored keys (default `idem_http`): give two services on one store
     /// scopes of their own.
+    ///
+    /// # Panics
+    ///
+    /// When `scope` is not a valid key scope (empty, over 256 bytes, or with a `/`): a
+    /// mistake in the service's setup, not in a request, so it stops the service at startup
+    /// rather than answering every request 400.
     pub fn scope(mut self, scope: impl Into<String>) -> Self {
-        self.config.scope = scope.into();
+        let scope = scope.into();
+        if let Err(err) = idem_core::Key::new(scope.as_str(), "-") {
+            panic!("IdempotencyLayer::scope({scope:?}): {err}");
+        }
+        self.config.scope = scope;
         self
     }
 

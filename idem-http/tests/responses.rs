@@ -193,3 +193,139 @@ fn futures_chunks(chunks: Vec<&'static str>) -> Body {
             .map(|c| Ok::<_, std::io::Error>(bytes::Bytes::from(c))),
     ))
 }
+
+fn memory_idem() -> idem_core::Idem {
+    idem_core::Idem::new(idem_stores::MemoryStore::new())
+}
+
+/// A counting route behind `layer`; answers "run <n>" with `status`.
+fn counted(
+    layer: idem_http::IdempotencyLayer,
+    status: StatusCode,
+) -> (Router, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let runs = std::sync::Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    let app = Router::new()
+        .route(
+            "/",
+            axum::routing::post(move || {
+                let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+                async move { (status, format!("run {n}")) }
+            }),
+        )
+        .layer(layer);
+    (app, runs)
+}
+
+async fn send(app: &Router, header: Option<(&str, &str)>) -> (StatusCode, Option<String>, String) {
+    let mut req = Request::post("/");
+    if let Some((name, value)) = header {
+        req = req.header(name, value);
+    }
+    let res = app
+        .clone()
+        .oneshot(req.body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    let replayed = res
+        .headers()
+        .get("idempotent-replayed")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let status = res.status();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    (status, replayed, String::from_utf8(body.to_vec()).unwrap())
+}
+
+#[tokio::test]
+async fn an_optional_key_lets_keyless_requests_through_and_guards_the_others() {
+    let (app, _) = counted(
+        idem_http::IdempotencyLayer::new(memory_idem()).key_required(false),
+        StatusCode::OK,
+    );
+    assert_eq!(
+        send(&app, None).await,
+        (StatusCode::OK, None, "run 1".into())
+    );
+    assert_eq!(
+        send(&app, None).await,
+        (StatusCode::OK, None, "run 2".into())
+    );
+    assert_eq!(
+        send(&app, Some(("idempotency-key", "k"))).await,
+        (StatusCode::OK, None, "run 3".into())
+    );
+    assert_eq!(
+        send(&app, Some(("idempotency-key", "k"))).await,
+        (StatusCode::OK, Some("true".into()), "run 3".into())
+    );
+}
+
+#[tokio::test]
+async fn a_custom_header_name_is_the_one_read() {
+    let layer = idem_http::IdempotencyLayer::new(memory_idem())
+        .header(axum::http::HeaderName::from_static("x-request-id"));
+    let (app, _) = counted(layer, StatusCode::OK);
+    assert_eq!(
+        send(&app, Some(("idempotency-key", "k"))).await.0,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        send(&app, Some(("x-request-id", "k"))).await,
+        (StatusCode::OK, None, "run 1".into())
+    );
+    assert_eq!(
+        send(&app, Some(("x-request-id", "k"))).await,
+        (StatusCode::OK, Some("true".into()), "run 1".into())
+    );
+}
+
+#[tokio::test]
+async fn server_errors_are_stored_when_asked_and_client_errors_skipped_when_asked() {
+    let (app, _) = counted(
+        idem_http::IdempotencyLayer::new(memory_idem()).store_server_errors(true),
+        StatusCode::BAD_GATEWAY,
+    );
+    assert_eq!(
+        send(&app, Some(("idempotency-key", "k"))).await,
+        (StatusCode::BAD_GATEWAY, None, "run 1".into())
+    );
+    assert_eq!(
+        send(&app, Some(("idempotency-key", "k"))).await,
+        (StatusCode::BAD_GATEWAY, Some("true".into()), "run 1".into())
+    );
+
+    let (app, _) = counted(
+        idem_http::IdempotencyLayer::new(memory_idem()).store_client_errors(false),
+        StatusCode::CONFLICT,
+    );
+    assert_eq!(
+        send(&app, Some(("idempotency-key", "k"))).await,
+        (StatusCode::CONFLICT, None, "run 1".into())
+    );
+    assert_eq!(
+        send(&app, Some(("idempotency-key", "k"))).await,
+        (StatusCode::CONFLICT, None, "run 2".into())
+    );
+}
+
+#[tokio::test]
+async fn guarded_methods_are_configurable() {
+    let layer = idem_http::IdempotencyLayer::new(memory_idem()).methods([axum::http::Method::PUT]);
+    let (app, _) = counted(layer, StatusCode::OK);
+    // POST is no longer guarded: no key needed, runs every time.
+    assert_eq!(
+        send(&app, None).await,
+        (StatusCode::OK, None, "run 1".into())
+    );
+    assert_eq!(
+        send(&app, Some(("idempotency-key", "k"))).await,
+        (StatusCode::OK, None, "run 2".into())
+    );
+}
+
+#[test]
+#[should_panic(expected = "IdempotencyLayer::scope(\"billing/charge\")")]
+fn an_invalid_scope_is_refused_at_setup() {
+    let _ = idem_http::IdempotencyLayer::new(memory_idem()).scope("billing/charge");
+}
