@@ -60,7 +60,7 @@ fn replay(c: &mut Criterion) {
     let key = Key::new("bench::charge", "order-42").unwrap();
     let fp = Fingerprint::of("payload");
     for engine in [&idem, &cached] {
-        rt.block_on(engine.run(key.clone(), fp, || async { receipt() }))
+        rt.block_on(engine.call(key.clone(), fp).run(|| async { receipt() }))
             .unwrap();
     }
     let baseline: DashMap<String, Vec<u8>> = DashMap::new();
@@ -80,7 +80,8 @@ fn replay(c: &mut Criterion) {
     g.bench_function("idem memory store", |b| {
         b.to_async(&rt).iter(|| async {
             let r: Receipt = idem
-                .run(key.clone(), fp, || async { receipt() })
+                .call(key.clone(), fp)
+                .run(|| async { receipt() })
                 .await
                 .unwrap();
             r
@@ -89,7 +90,8 @@ fn replay(c: &mut Criterion) {
     g.bench_function("idem memory store + local cache", |b| {
         b.to_async(&rt).iter(|| async {
             let r: Receipt = cached
-                .run(key.clone(), fp, || async { receipt() })
+                .call(key.clone(), fp)
+                .run(|| async { receipt() })
                 .await
                 .unwrap();
             r
@@ -125,7 +127,7 @@ fn first_call(c: &mut Criterion) {
                 .unwrap()
             },
             |k| async {
-                let r: Receipt = idem.run(k, fp, || async { receipt() }).await.unwrap();
+                let r: Receipt = idem.call(k, fp).run(|| async { receipt() }).await.unwrap();
                 r
             },
             BatchSize::SmallInput,

@@ -16,7 +16,8 @@
 //! for _ in 0..3 {
 //!     let key = Key::new("billing::charge", "order-42")?;
 //!     let receipt: String = idem
-//!         .run(key, Fingerprint::of(&1250u64), || async {
+//!         .call(key, Fingerprint::of(&1250u64))
+//!         .run(|| async {
 //!             charges.fetch_add(1, Ordering::SeqCst); // the side effect
 //!             "receipt-1".to_string()
 //!         })
@@ -36,8 +37,8 @@
 //! # async fn main() {
 //! # let idem = Idem::new(MemoryStore::new());
 //! let key = Key::new("billing::charge", "order-42").unwrap();
-//! let _: u32 = idem.run(key.clone(), Fingerprint::of(&1250u64), || async { 1 }).await.unwrap();
-//! let err = idem.run::<u32, _, _>(key, Fingerprint::of(&9999u64), || async { 2 }).await.unwrap_err();
+//! let _: u32 = idem.call(key.clone(), Fingerprint::of(&1250u64)).run(|| async { 1 }).await.unwrap();
+//! let err = idem.call(key, Fingerprint::of(&9999u64)).run::<u32, _, _>(|| async { 2 }).await.unwrap_err();
 //! assert!(matches!(err, Error::KeyReuse { .. }));
 //! # }
 //! ```
@@ -57,8 +58,8 @@ pub use idem_core::{async_trait, digest_hex, Bytes};
 pub use idem_core::{
     codec, BoxError, BuiltinCodec, Call, Capabilities, Claim, Codec, DecodeError, Error,
     Fingerprint, Idem, IdemBuilder, InProgress, Json, Key, MissingKey, Origin, Outcome,
-    ReadableKeyId, Record, Store, StoreError, Token, DEFAULT_LEASE, DEFAULT_STEP_TIMEOUT,
-    DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
+    ReadableKeyId, Record, Store, StoreError, StoreWrapper, Token, DEFAULT_LEASE,
+    DEFAULT_STEP_TIMEOUT, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
 };
 pub use idem_stores::MemoryStore;
 
@@ -215,7 +216,7 @@ pub use idem_http as http;
 /// |---|---|---|
 /// | `key` | any expression of the arguments: a string, an integer or a `Serialize` value | digest of the arguments |
 /// | `scope` | a string literal without `/` | module path and function name |
-/// | `store` | an expression of type `Idem`, `&Idem`, `Arc<Idem>` (anything that derefs to `Idem`) | the global engine ([`set_global`]) |
+/// | `store` | the engine: an expression of type `Idem`, or `&`, `&mut`, `Arc`, `Rc` or `Box` of one (another pointer as `&*ptr`); not a bare store, which is a compile error saying so | the global engine ([`set_global`]) |
 /// | `ttl` | how long a result is kept: `"24h"` or a `Duration` expression | the engine's (24 hours) |
 /// | `lease` | how long a claim holds the key before another caller may take it over | the engine's (30 seconds) |
 /// | `in_progress` | `"reject"` or `"wait"`: what a duplicate does while the first call runs | the engine's (`"reject"`) |
@@ -565,7 +566,7 @@ pub use idem_http as http;
 ///
 /// impl Payments {
 ///     pub async fn charge(&self, req: ChargeRequest) -> Result<Receipt, PaymentError> {
-///         // `store = self.idem`: any expression that derefs to an `Idem`.
+///         // `store = self.idem`: an `Idem`, or a reference or pointer to one.
 ///         let engine: Idem = self.idem.clone();
 ///         // Key and fingerprint come first, from the arguments as passed.
 ///         // `key = req.order_id`: a string stays readable; the scope is the module path,
@@ -574,8 +575,8 @@ pub use idem_http as http;
 ///         // The fingerprint digests every argument that is not skipped (`self` never is).
 ///         let fingerprint = Fingerprint::of(&(&req,));
 ///         engine
-///             .call_checked(key) // an invalid key is returned as an error, before the store
-///             .fingerprint(fingerprint)
+///             // An invalid key is returned as an error, before the store.
+///             .call_checked(key, fingerprint)
 ///             .ttl(Duration::from_millis(86_400_000)) // "24h", checked at compile time
 ///             // A `Result` body: `Ok` is stored, `Err` releases the key, and idem's own
 ///             // errors become `PaymentError` through `From<idem::Error>`.

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{
-    Bytes, Capabilities, Claim, DecodeError, Error, Fingerprint, Idem, InProgress, Key,
-    MemoryStore, Record, Store, StoreError, Token,
+    Bytes, Claim, DecodeError, Error, Fingerprint, Idem, InProgress, Key, MemoryStore, Record,
+    Store, StoreError, StoreWrapper, Token,
 };
 
 /// A memory store that counts calls and can fail on demand.
@@ -47,7 +47,11 @@ fn unavailable() -> StoreError {
 }
 
 #[idem::async_trait]
-impl Store for Faulty {
+impl StoreWrapper for Faulty {
+    type Inner = MemoryStore;
+    fn inner(&self) -> &MemoryStore {
+        &self.inner
+    }
     async fn claim(
         &self,
         key: &Key,
@@ -111,18 +115,6 @@ impl Store for Faulty {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.inner.extend(key, token, lease).await
     }
-    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key).await
-    }
-    async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
-        self.inner.delete(key).await
-    }
-    async fn wait(&self, key: &Key, at_most: Duration) -> Result<(), StoreError> {
-        self.inner.wait(key, at_most).await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
 }
 
 fn setup() -> (Arc<Faulty>, Idem) {
@@ -164,7 +156,7 @@ async fn err_releases_the_claim_and_the_next_call_runs_again() {
     let runs = AtomicU32::new(0);
     for expected in [Err(PayError::Timeout), Err(PayError::Timeout), Ok(7u32)] {
         let out = idem
-            .call(key("retry"))
+            .call(key("retry"), Fingerprint::NONE)
             .run_fallible(|| async {
                 let n = runs.fetch_add(1, Ordering::SeqCst);
                 if n < 2 {
@@ -178,7 +170,7 @@ async fn err_releases_the_claim_and_the_next_call_runs_again() {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 3, "each failure was retried");
     let replay: Result<u32, PayError> = idem
-        .call(key("retry"))
+        .call(key("retry"), Fingerprint::NONE)
         .run_fallible(|| async { Ok(99) })
         .await;
     assert_eq!(replay, Ok(7), "the success is replayed");
@@ -192,7 +184,7 @@ async fn chosen_errors_are_cached_and_others_released() {
     let is_declined = |e: &PayError| *e == PayError::Declined;
     for _ in 0..3 {
         let out: Result<u32, PayError> = idem
-            .call(key("declined"))
+            .call(key("declined"), Fingerprint::NONE)
             .run_caching_errors(is_declined, || async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 Err(PayError::Declined)
@@ -208,7 +200,7 @@ async fn chosen_errors_are_cached_and_others_released() {
 
     for _ in 0..2 {
         let out: Result<u32, PayError> = idem
-            .call(key("timeout"))
+            .call(key("timeout"), Fingerprint::NONE)
             .run_caching_errors(is_declined, || async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 Err(PayError::Timeout)
@@ -233,12 +225,17 @@ async fn a_panicking_body_releases_its_claim() {
     let k = key("panic");
     let task = {
         let (idem, k) = (idem.clone(), k.clone());
-        tokio::spawn(async move { idem.run(k, Fingerprint::NONE, || async { explode() }).await })
+        tokio::spawn(async move {
+            idem.call(k, Fingerprint::NONE)
+                .run(|| async { explode() })
+                .await
+        })
     };
     assert!(task.await.unwrap_err().is_panic());
     wait_until_released(&*store, &k).await;
     let v: u32 = idem
-        .run(k, Fingerprint::NONE, || async { 5 })
+        .call(k, Fingerprint::NONE)
+        .run(|| async { 5 })
         .await
         .unwrap();
     assert_eq!(v, 5);
@@ -252,11 +249,12 @@ async fn a_dropped_call_releases_its_claim() {
     let call = {
         let (idem, k, started) = (idem.clone(), k.clone(), started.clone());
         tokio::spawn(async move {
-            idem.run(k, Fingerprint::NONE, || async move {
-                started.notify_one();
-                std::future::pending::<u32>().await
-            })
-            .await
+            idem.call(k, Fingerprint::NONE)
+                .run(|| async move {
+                    started.notify_one();
+                    std::future::pending::<u32>().await
+                })
+                .await
         })
     };
     started.notified().await;
@@ -276,7 +274,7 @@ async fn the_heartbeat_keeps_a_long_body_s_lease() {
     let first = {
         let (idem, k, runs) = (idem.clone(), k.clone(), runs.clone());
         tokio::spawn(async move {
-            idem.call(k)
+            idem.call(k, Fingerprint::NONE)
                 .lease(Duration::from_secs(3))
                 .run(|| async move {
                     runs.fetch_add(1, Ordering::SeqCst);
@@ -290,7 +288,7 @@ async fn the_heartbeat_keeps_a_long_body_s_lease() {
     for _ in 0..5 {
         tokio::time::sleep(Duration::from_secs(3)).await;
         let dup = idem
-            .call(k.clone())
+            .call(k.clone(), Fingerprint::NONE)
             .run(|| async { "dup".to_string() })
             .await;
         assert!(matches!(dup, Err(Error::InProgress { .. })), "{dup:?}");
@@ -311,11 +309,12 @@ async fn a_holder_whose_key_was_taken_over_gets_lease_lost() {
     let first = {
         let (idem, k) = (idem.clone(), k.clone());
         tokio::spawn(async move {
-            idem.run(k, Fingerprint::NONE, || async move {
-                go_rx.await.unwrap();
-                "first".to_string()
-            })
-            .await
+            idem.call(k, Fingerprint::NONE)
+                .run(|| async move {
+                    go_rx.await.unwrap();
+                    "first".to_string()
+                })
+                .await
         })
     };
     while store.get(&k).await.unwrap().is_none() {
@@ -324,9 +323,8 @@ async fn a_holder_whose_key_was_taken_over_gets_lease_lost() {
     // An operator deletes the record and a second caller runs and stores its result.
     assert!(idem.forget(&k).await.unwrap());
     let second: String = idem
-        .run(k.clone(), Fingerprint::NONE, || async {
-            "second".to_string()
-        })
+        .call(k.clone(), Fingerprint::NONE)
+        .run(|| async { "second".to_string() })
         .await
         .unwrap();
     assert_eq!(second, "second");
@@ -334,7 +332,8 @@ async fn a_holder_whose_key_was_taken_over_gets_lease_lost() {
     let first = first.await.unwrap();
     assert!(matches!(first, Err(Error::LeaseLost { .. })), "{first:?}");
     let replay: String = idem
-        .run(k, Fingerprint::NONE, || async { "third".to_string() })
+        .call(k, Fingerprint::NONE)
+        .run(|| async { "third".to_string() })
         .await
         .unwrap();
     assert_eq!(
@@ -351,7 +350,7 @@ async fn wait_mode_returns_the_first_result_and_reject_mode_refuses() {
     let call = |mode| {
         let (idem, k, runs) = (idem.clone(), k.clone(), runs.clone());
         tokio::spawn(async move {
-            idem.call(k)
+            idem.call(k, Fingerprint::NONE)
                 .in_progress(mode)
                 .run(|| async move {
                     runs.fetch_add(1, Ordering::SeqCst);
@@ -392,7 +391,7 @@ async fn a_waiter_runs_the_body_itself_when_the_first_call_fails() {
     let first = {
         let (idem, k) = (idem.clone(), k.clone());
         tokio::spawn(async move {
-            idem.call(k)
+            idem.call(k, Fingerprint::NONE)
                 .run_fallible(|| async {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     Err::<u32, _>(PayError::Timeout)
@@ -402,7 +401,7 @@ async fn a_waiter_runs_the_body_itself_when_the_first_call_fails() {
     };
     tokio::time::sleep(Duration::from_millis(20)).await;
     let waiter: Result<u32, PayError> = idem
-        .call(k)
+        .call(k, Fingerprint::NONE)
         .in_progress(InProgress::Wait)
         .run_fallible(|| async { Ok(9) })
         .await;
@@ -417,13 +416,14 @@ async fn wait_mode_gives_up_after_its_timeout() {
     let _holder = {
         let (idem, k) = (idem.clone(), k.clone());
         tokio::spawn(async move {
-            idem.run(k, Fingerprint::NONE, std::future::pending::<u8>)
+            idem.call(k, Fingerprint::NONE)
+                .run(std::future::pending::<u8>)
                 .await
         })
     };
     tokio::time::sleep(Duration::from_millis(20)).await;
     let out = idem
-        .call(k)
+        .call(k, Fingerprint::NONE)
         .in_progress(InProgress::Wait)
         .wait_timeout(Duration::from_millis(150))
         .run(|| async { 1u8 })
@@ -442,13 +442,16 @@ async fn bad_input_is_refused_before_any_store_access() {
         ran.store(true, Ordering::SeqCst);
         1u8
     };
-    let empty = idem.call_checked(Key::new("s", "")).run(body).await;
+    let empty = idem
+        .call_checked(Key::new("s", ""), Fingerprint::NONE)
+        .run(body)
+        .await;
     assert!(
         matches!(&empty, Err(Error::InvalidKey { reason, .. }) if reason.contains("empty")),
         "{empty:?}"
     );
     let long = idem
-        .call_checked(Key::new("s", "k".repeat(1025)))
+        .call_checked(Key::new("s", "k".repeat(1025)), Fingerprint::NONE)
         .run(body)
         .await;
     let msg = long.unwrap_err().to_string();
@@ -456,7 +459,7 @@ async fn bad_input_is_refused_before_any_store_access() {
     let slash = Key::new("a/b", "k").unwrap_err().to_string();
     assert!(slash.contains('/'), "{slash}");
     let zero_ttl = idem
-        .call(key("zero-ttl"))
+        .call(key("zero-ttl"), Fingerprint::NONE)
         .ttl(Duration::ZERO)
         .run(body)
         .await;
@@ -469,7 +472,7 @@ async fn bad_input_is_refused_before_any_store_access() {
         .to_string()
         .contains("engine-tests/zero-ttl"));
     let zero_lease = idem
-        .call(key("zero-lease"))
+        .call(key("zero-lease"), Fingerprint::NONE)
         .lease(Duration::ZERO)
         .run(body)
         .await;
@@ -491,9 +494,18 @@ async fn bad_input_is_refused_before_any_store_access() {
         .store(MemoryStore::new())
         .ttl(Duration::ZERO)
         .build();
-    assert!(built.unwrap_err().to_string().contains("`ttl`"));
-    let no_store = Idem::builder().build();
-    assert!(no_store.unwrap_err().to_string().contains(".store("));
+    // A configuration error, not a failure to connect.
+    let err = built.unwrap_err();
+    assert!(matches!(err, Error::Config { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "invalid idem configuration: Idem::builder(): `ttl` is 0ns; it must be at least 1ms"
+    );
+    let no_store = Idem::builder().build().unwrap_err();
+    assert!(matches!(no_store, Error::Config { .. }), "{no_store:?}");
+    assert!(no_store.to_string().contains(".store("), "{no_store}");
+    let unknown = idem::connect("mongodb://localhost").await.unwrap_err();
+    assert!(matches!(unknown, Error::Config { .. }), "{unknown:?}");
 }
 
 #[tokio::test]
@@ -502,7 +514,8 @@ async fn an_unreachable_store_fails_closed_with_the_source_kept() {
     store.fail_claims.store(true, Ordering::SeqCst);
     let ran = AtomicBool::new(false);
     let out = idem
-        .run(key("down"), Fingerprint::NONE, || async {
+        .call(key("down"), Fingerprint::NONE)
+        .run(|| async {
             ran.store(true, Ordering::SeqCst);
             1u8
         })
@@ -529,7 +542,8 @@ async fn a_failed_complete_is_retried() {
     let (store, idem) = setup();
     store.fail_completes.store(1, Ordering::SeqCst);
     let v: u8 = idem
-        .run(key("flaky"), Fingerprint::NONE, || async { 3 })
+        .call(key("flaky"), Fingerprint::NONE)
+        .run(|| async { 3 })
         .await
         .unwrap();
     assert_eq!(v, 3);
@@ -539,7 +553,8 @@ async fn a_failed_complete_is_retried() {
         "one failure, one retry"
     );
     let replay: u8 = idem
-        .run(key("flaky"), Fingerprint::NONE, || async { 4 })
+        .call(key("flaky"), Fingerprint::NONE)
+        .run(|| async { 4 })
         .await
         .unwrap();
     assert_eq!(replay, 3);
@@ -550,7 +565,7 @@ async fn a_failed_complete_is_retried() {
     let lease = Duration::from_secs(2);
     let started = tokio::time::Instant::now();
     let out = idem
-        .call(key("dead"))
+        .call(key("dead"), Fingerprint::NONE)
         .lease(lease)
         .run(|| async { 3u8 })
         .await;
@@ -570,7 +585,8 @@ async fn a_complete_whose_answer_was_lost_is_not_a_lost_lease() {
     store.lose_complete_answers.store(1, Ordering::SeqCst);
     let runs = AtomicU32::new(0);
     let v: u8 = idem
-        .run(key("lost-answer"), Fingerprint::NONE, || async {
+        .call(key("lost-answer"), Fingerprint::NONE)
+        .run(|| async {
             runs.fetch_add(1, Ordering::SeqCst);
             8
         })
@@ -583,7 +599,8 @@ async fn a_complete_whose_answer_was_lost_is_not_a_lost_lease() {
         "stored, answer lost, retried: the store answers the repeat like the first"
     );
     let replay: u8 = idem
-        .run(key("lost-answer"), Fingerprint::NONE, || async { 9 })
+        .call(key("lost-answer"), Fingerprint::NONE)
+        .run(|| async { 9 })
         .await
         .unwrap();
     assert_eq!(replay, 8);
@@ -601,9 +618,8 @@ async fn a_retried_complete_that_is_fenced_is_a_lost_lease() {
         .take_over_after_lost_answer
         .store(true, Ordering::SeqCst);
     let res = idem
-        .run(key("lost-answer-then-taken"), Fingerprint::NONE, || async {
-            8u8
-        })
+        .call(key("lost-answer-then-taken"), Fingerprint::NONE)
+        .run(|| async { 8u8 })
         .await;
     assert!(matches!(res, Err(Error::LeaseLost { .. })), "{res:?}");
     assert_eq!(store.completes.load(Ordering::SeqCst), 2);
@@ -636,7 +652,8 @@ async fn records_that_do_not_decode_are_errors_naming_the_key() {
         .await
         .unwrap();
     let err = idem
-        .run(k, Fingerprint::NONE, || async { 1u32 })
+        .call(k, Fingerprint::NONE)
+        .run(|| async { 1u32 })
         .await
         .unwrap_err();
     assert!(
@@ -653,13 +670,13 @@ async fn records_that_do_not_decode_are_errors_naming_the_key() {
 
     // A record of a shape the type cannot read: the codec's error, never a panic.
     let _: Vec<u32> = idem
-        .run(key("typed"), Fingerprint::NONE, || async { vec![1, 2] })
+        .call(key("typed"), Fingerprint::NONE)
+        .run(|| async { vec![1, 2] })
         .await
         .unwrap();
     let err = idem
-        .run(key("typed"), Fingerprint::NONE, || async {
-            "text".to_string()
-        })
+        .call(key("typed"), Fingerprint::NONE)
+        .run(|| async { "text".to_string() })
         .await
         .unwrap_err();
     assert!(
@@ -675,21 +692,22 @@ async fn records_that_do_not_decode_are_errors_naming_the_key() {
     // A type that reads the same shape replays it: records do not carry type names, so a
     // result type may be renamed, moved or widened.
     let widened: Vec<u64> = idem
-        .run(key("typed"), Fingerprint::NONE, || async { vec![9u64] })
+        .call(key("typed"), Fingerprint::NONE)
+        .run(|| async { vec![9u64] })
         .await
         .unwrap();
     assert_eq!(widened, vec![1, 2]);
 
     // A record written under another result version is refused, both ways.
     let _: u32 = idem
-        .call(key("versioned"))
+        .call(key("versioned"), Fingerprint::NONE)
         .version(2)
         .run(|| async { 1u32 })
         .await
         .unwrap();
     for other in [0, 1, 3] {
         let err = idem
-            .call(key("versioned"))
+            .call(key("versioned"), Fingerprint::NONE)
             .version(other)
             .run(|| async { 2u32 })
             .await
@@ -708,11 +726,11 @@ async fn records_that_do_not_decode_are_errors_naming_the_key() {
 
     // A cached error read by a call that does not cache errors.
     let _: Result<u32, PayError> = idem
-        .call(key("cached-err"))
+        .call(key("cached-err"), Fingerprint::NONE)
         .run_caching_errors(|_: &PayError| true, || async { Err(PayError::Declined) })
         .await;
     let err = idem
-        .call(key("cached-err"))
+        .call(key("cached-err"), Fingerprint::NONE)
         .run(|| async { 1u32 })
         .await
         .unwrap_err();
@@ -734,21 +752,21 @@ async fn codecs_are_kept_apart() {
     use idem::codec::{Json, Postcard};
     let (_, idem) = setup();
     let v: (u8, String) = idem
-        .call(key("pc"))
+        .call(key("pc"), Fingerprint::NONE)
         .codec(Postcard)
         .run(|| async { (1, "x".into()) })
         .await
         .unwrap();
     assert_eq!(v, (1, "x".into()));
     let replay: (u8, String) = idem
-        .call(key("pc"))
+        .call(key("pc"), Fingerprint::NONE)
         .codec(Postcard)
         .run(|| async { (2, "y".into()) })
         .await
         .unwrap();
     assert_eq!(replay, (1, "x".into()));
     let err = idem
-        .call(key("pc"))
+        .call(key("pc"), Fingerprint::NONE)
         .codec(Json)
         .run(|| async { (3u8, String::new()) })
         .await
@@ -778,11 +796,13 @@ async fn the_bincode_codec_round_trips() {
         .build()
         .unwrap();
     let v: Vec<i64> = idem2
-        .run(key("bc"), Fingerprint::NONE, || async { vec![-1, 2] })
+        .call(key("bc"), Fingerprint::NONE)
+        .run(|| async { vec![-1, 2] })
         .await
         .unwrap();
     let replay: Vec<i64> = idem2
-        .run(key("bc"), Fingerprint::NONE, || async { vec![] })
+        .call(key("bc"), Fingerprint::NONE)
+        .run(|| async { vec![] })
         .await
         .unwrap();
     assert_eq!(v, replay);
@@ -798,7 +818,11 @@ async fn the_local_cache_answers_replays_without_the_store() {
         .unwrap();
     let fp = Fingerprint::of("payload");
     for _ in 0..10 {
-        let v: u32 = idem.run(key("hot"), fp, || async { 11 }).await.unwrap();
+        let v: u32 = idem
+            .call(key("hot"), fp)
+            .run(|| async { 11 })
+            .await
+            .unwrap();
         assert_eq!(v, 11);
     }
     assert_eq!(
@@ -807,14 +831,19 @@ async fn the_local_cache_answers_replays_without_the_store() {
         "replays came from the local cache"
     );
     let reuse = idem
-        .run(key("hot"), Fingerprint::of("other"), || async { 12u32 })
+        .call(key("hot"), Fingerprint::of("other"))
+        .run(|| async { 12u32 })
         .await;
     assert!(
         matches!(reuse, Err(Error::KeyReuse { .. })),
         "the cache checks fingerprints too"
     );
     assert!(idem.forget(&key("hot")).await.unwrap());
-    let v: u32 = idem.run(key("hot"), fp, || async { 13 }).await.unwrap();
+    let v: u32 = idem
+        .call(key("hot"), fp)
+        .run(|| async { 13 })
+        .await
+        .unwrap();
     assert_eq!(v, 13, "forget clears the cache as well as the store");
 }
 
@@ -825,14 +854,14 @@ async fn key_reuse_is_refused_while_in_progress_too() {
     let _holder = {
         let (idem, k) = (idem.clone(), k.clone());
         tokio::spawn(async move {
-            idem.run(k, Fingerprint::of(&1), std::future::pending::<u8>)
+            idem.call(k, Fingerprint::of(&1))
+                .run(std::future::pending::<u8>)
                 .await
         })
     };
     tokio::time::sleep(Duration::from_millis(20)).await;
     let out = idem
-        .call(k)
-        .fingerprint(Fingerprint::of(&2))
+        .call(k, Fingerprint::of(&2))
         .in_progress(InProgress::Wait)
         .run(|| async { 1u8 })
         .await;
@@ -851,13 +880,15 @@ async fn a_call_dropped_while_storing_its_result_does_not_invite_a_second_run() 
     // The client gives up after the side effect, while the result is on its way to the store.
     let first = tokio::time::timeout(
         Duration::from_millis(50),
-        idem.run(key("dropped-in-complete"), Fingerprint::NONE, body),
+        idem.call(key("dropped-in-complete"), Fingerprint::NONE)
+            .run(body),
     )
     .await;
     assert!(first.is_err(), "the first call timed out");
     tokio::time::sleep(Duration::from_millis(100)).await;
     let retry = idem
-        .run(key("dropped-in-complete"), Fingerprint::NONE, body)
+        .call(key("dropped-in-complete"), Fingerprint::NONE)
+        .run(body)
         .await;
     assert!(matches!(retry, Err(Error::InProgress { .. })), "{retry:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the side effect ran once");
@@ -870,14 +901,17 @@ async fn a_call_dropped_while_releasing_still_releases() {
     let k = key("dropped-in-release");
     let first = tokio::time::timeout(
         Duration::from_millis(30),
-        idem.call(k.clone())
+        idem.call(k.clone(), Fingerprint::NONE)
             .run_fallible(|| async { Err::<u8, _>(PayError::Timeout) }),
     )
     .await;
     assert!(first.is_err(), "dropped during the release");
     wait_until_released(&*store, &k).await;
     store.release_delay_ms.store(0, Ordering::SeqCst);
-    let v: Result<u8, PayError> = idem.call(k).run_fallible(|| async { Ok(1) }).await;
+    let v: Result<u8, PayError> = idem
+        .call(k, Fingerprint::NONE)
+        .run_fallible(|| async { Ok(1) })
+        .await;
     assert_eq!(v, Ok(1));
 }
 
@@ -885,7 +919,7 @@ async fn a_call_dropped_while_releasing_still_releases() {
 async fn huge_durations_are_refused_not_overflowed() {
     let (store, idem) = setup();
     let out = idem
-        .call(key("forever"))
+        .call(key("forever"), Fingerprint::NONE)
         .ttl(Duration::MAX)
         .run(|| async { 1u8 })
         .await;
@@ -900,7 +934,7 @@ async fn huge_durations_are_refused_not_overflowed() {
         other => panic!("expected InvalidOption, got {other:?}"),
     }
     let out = idem
-        .call(key("forever"))
+        .call(key("forever"), Fingerprint::NONE)
         .lease(Duration::MAX)
         .run(|| async { 1u8 })
         .await;
@@ -947,7 +981,8 @@ async fn a_result_that_does_not_survive_its_codec_is_refused_and_not_rerun() {
     // JSON cannot encode a map with tuple keys.
     for _ in 0..2 {
         let out = idem
-            .run(key("tuple-keys"), Fingerprint::NONE, || async {
+            .call(key("tuple-keys"), Fingerprint::NONE)
+            .run(|| async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 std::collections::HashMap::from([((1u8, 2u8), 3u8)])
             })
@@ -964,7 +999,8 @@ async fn a_result_that_does_not_survive_its_codec_is_refused_and_not_rerun() {
     // would otherwise get a value that every replay fails to decode.
     for _ in 0..2 {
         let out = idem
-            .run(key("nan"), Fingerprint::NONE, || async {
+            .call(key("nan"), Fingerprint::NONE)
+            .run(|| async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 f64::NAN
             })
@@ -978,4 +1014,81 @@ async fn a_result_that_does_not_survive_its_codec_is_refused_and_not_rerun() {
         );
     }
     assert_eq!(runs.load(Ordering::SeqCst), 2, "neither body ran twice");
+}
+
+/// Counts claims and nothing else: every other step, `wait` and `capabilities` included,
+/// comes from the memory store through `StoreWrapper`'s defaults.
+#[derive(Debug, Default)]
+struct CountingClaims {
+    inner: MemoryStore,
+    claims: AtomicU32,
+}
+
+#[idem::async_trait]
+impl StoreWrapper for CountingClaims {
+    type Inner = MemoryStore;
+    fn inner(&self) -> &MemoryStore {
+        &self.inner
+    }
+    async fn claim(
+        &self,
+        key: &Key,
+        fp: &Fingerprint,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        self.inner.claim(key, fp, token, lease).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_wrapper_that_overrides_one_step_keeps_the_inner_store_s_wake_ups() {
+    let store = Arc::new(CountingClaims::default());
+    assert_eq!(
+        Store::capabilities(&*store),
+        MemoryStore::new().capabilities()
+    );
+    assert_eq!(Store::backend(&*store), "memory");
+    let idem = Idem::builder()
+        .store(store.clone())
+        .wait_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel::<()>();
+    let holder = {
+        let idem = idem.clone();
+        tokio::spawn(async move {
+            idem.call(key("woken"), Fingerprint::NONE)
+                .run(|| async move {
+                    release_rx.await.unwrap();
+                    1u32
+                })
+                .await
+        })
+    };
+    while store.claims.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let waiters: Vec<_> = (0..10)
+        .map(|_| {
+            let idem = idem.clone();
+            tokio::spawn(async move {
+                idem.call(key("woken"), Fingerprint::NONE)
+                    .in_progress(InProgress::Wait)
+                    .run(|| async { 2u32 })
+                    .await
+            })
+        })
+        .collect();
+    // The waiters claim once, find the key held, and wait: woken by the memory store, not
+    // polling. With a 400 ms hold, polling (5 ms doubling to 250 ms) would claim about six
+    // times per waiter; woken waiters claim once before and once after.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    release_tx.send(()).unwrap();
+    assert_eq!(holder.await.unwrap().unwrap(), 1);
+    for waiter in waiters {
+        assert_eq!(waiter.await.unwrap().unwrap(), 1);
+    }
+    assert_eq!(store.claims.load(Ordering::SeqCst), 1 + 10 * 2);
 }

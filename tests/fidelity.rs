@@ -147,7 +147,10 @@ async fn a_cached_error_that_does_not_survive_its_codec_is_refused_too() {
     }
     let idem = Idem::new(MemoryStore::new());
     let out: Result<u8, Declined> = idem
-        .call(Key::new("fidelity", "cached-error").unwrap())
+        .call(
+            Key::new("fidelity", "cached-error").unwrap(),
+            idem::Fingerprint::NONE,
+        )
         .run_caching_errors(|_| true, || async { Err(Declined::Reason(Some(()))) })
         .await;
     match out {

@@ -131,7 +131,7 @@ async fn records_are_written_byte_for_byte_as_the_golden_files() {
         let idem = Idem::new(MemoryStore::new());
         let k = key(file);
         let _: Receipt = idem
-            .call(k.clone())
+            .call(k.clone(), Fingerprint::NONE)
             .codec(codec)
             .version(version)
             .run(|| async { receipt() })
@@ -146,7 +146,7 @@ async fn records_are_written_byte_for_byte_as_the_golden_files() {
     let idem = Idem::new(MemoryStore::new());
     let k = key("error");
     let _: Result<Receipt, PaymentError> = idem
-        .call(k.clone())
+        .call(k.clone(), Fingerprint::NONE)
         .run_caching_errors(
             |_| true,
             || async {
@@ -172,7 +172,7 @@ async fn golden_records_replay_into_the_type_and_its_refactored_successor() {
         let k = key(file);
         plant(&**idem.store(), &k, unhex(&golden(file))).await;
         let got: Receipt = idem
-            .call(k.clone())
+            .call(k.clone(), Fingerprint::NONE)
             .codec(codec)
             .version(version)
             .run(|| async { unreachable!("{file}: replayed, never run") })
@@ -181,7 +181,7 @@ async fn golden_records_replay_into_the_type_and_its_refactored_successor() {
         assert_eq!(got, receipt(), "{file}");
         // Another version is refused, not decoded.
         let err = idem
-            .call(k.clone())
+            .call(k.clone(), Fingerprint::NONE)
             .codec(codec)
             .version(version + 1)
             .run(|| async { receipt() })
@@ -198,7 +198,7 @@ async fn golden_records_replay_into_the_type_and_its_refactored_successor() {
     )
     .await;
     let evolved: ChargeReceipt = idem
-        .call(key("json"))
+        .call(key("json"), Fingerprint::NONE)
         .run(|| async { unreachable!("replayed, never run") })
         .await
         .unwrap();
@@ -220,7 +220,7 @@ async fn golden_records_replay_into_the_type_and_its_refactored_successor() {
     )
     .await;
     let err = idem
-        .call(key("error"))
+        .call(key("error"), Fingerprint::NONE)
         .run_caching_errors(
             |_| true,
             || async { Ok::<Receipt, PaymentError>(receipt()) },
@@ -247,7 +247,7 @@ async fn records_of_the_first_format_still_replay() {
     )
     .await;
     let got: Receipt = idem
-        .call(key("v1"))
+        .call(key("v1"), Fingerprint::NONE)
         .run(|| async { unreachable!("replayed, never run") })
         .await
         .unwrap();

@@ -32,7 +32,7 @@ async fn a_first_run_is_ran_and_every_later_call_is_a_replay_from_the_store() {
     let runs = AtomicU32::new(0);
     let body = || async { runs.fetch_add(1, Ordering::SeqCst) + 100 };
     let first = idem
-        .call(key("value"))
+        .call(key("value"), Fingerprint::NONE)
         .with_outcome()
         .run(body)
         .await
@@ -41,7 +41,7 @@ async fn a_first_run_is_ran_and_every_later_call_is_a_replay_from_the_store() {
     assert!(!first.is_replay());
     for _ in 0..3 {
         let again = idem
-            .call(key("value"))
+            .call(key("value"), Fingerprint::NONE)
             .with_outcome()
             .run(body)
             .await
@@ -63,20 +63,20 @@ async fn a_fallible_body_reports_where_its_ok_came_from_and_an_err_is_not_a_repl
         }
     };
     let failed: Result<Outcome<String>, AppError> = idem
-        .call(key("fallible"))
+        .call(key("fallible"), Fingerprint::NONE)
         .with_outcome()
         .run_fallible(body)
         .await;
     assert_eq!(failed, Err(AppError::Declined));
     let ran = idem
-        .call(key("fallible"))
+        .call(key("fallible"), Fingerprint::NONE)
         .with_outcome()
         .run_fallible(body)
         .await
         .unwrap();
     assert_eq!(ran, Outcome::new("receipt-1".to_string(), Origin::Ran));
     let replay = idem
-        .call(key("fallible"))
+        .call(key("fallible"), Fingerprint::NONE)
         .with_outcome()
         .run_fallible(body)
         .await
@@ -92,7 +92,7 @@ async fn a_replay_from_the_local_cache_says_so() {
         .local_cache(16, Duration::from_secs(60))
         .build()
         .unwrap();
-    let call = || idem.call(key("cached")).with_outcome();
+    let call = || idem.call(key("cached"), Fingerprint::NONE).with_outcome();
     let origins = [
         call().run(|| async { 1u8 }).await.unwrap().origin(),
         call().run(|| async { 2u8 }).await.unwrap().origin(),
@@ -107,7 +107,7 @@ async fn a_replay_from_the_local_cache_says_so() {
     // Another engine on the same store has nothing cached: its replay is the store's.
     let other = Idem::new(idem.store().clone());
     let replay = other
-        .call(key("cached"))
+        .call(key("cached"), Fingerprint::NONE)
         .with_outcome()
         .run(|| async { 4u8 })
         .await
@@ -123,7 +123,7 @@ async fn of_fifty_concurrent_duplicates_exactly_one_ran() {
         .map(|_| {
             let (idem, runs) = (idem.clone(), runs.clone());
             tokio::spawn(async move {
-                idem.call(key("concurrent"))
+                idem.call(key("concurrent"), Fingerprint::NONE)
                     .in_progress(InProgress::Wait)
                     .with_outcome()
                     .run(|| async {
@@ -153,11 +153,7 @@ async fn of_fifty_concurrent_duplicates_exactly_one_ran() {
 #[tokio::test]
 async fn a_key_reuse_is_an_error_not_an_outcome() {
     let idem = Idem::new(MemoryStore::new());
-    let call = |fp: &str| {
-        idem.call(key("reuse"))
-            .fingerprint(Fingerprint::of(fp))
-            .with_outcome()
-    };
+    let call = |fp: &str| idem.call(key("reuse"), Fingerprint::of(fp)).with_outcome();
     let first = call("a").run(|| async { 1u8 }).await.unwrap();
     assert_eq!(first.origin(), Origin::Ran);
     let err = call("b").run(|| async { 2u8 }).await.unwrap_err();

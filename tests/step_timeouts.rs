@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{
-    Bytes, Capabilities, Claim, Error, Fingerprint, Idem, Key, MemoryStore, Record, Store,
-    StoreError, Token,
+    Bytes, Claim, Error, Fingerprint, Idem, Key, MemoryStore, Record, Store, StoreError,
+    StoreWrapper, Token,
 };
 use tokio::time::Instant;
 
@@ -72,7 +72,11 @@ struct Hanging {
 }
 
 #[idem::async_trait]
-impl Store for Hanging {
+impl StoreWrapper for Hanging {
+    type Inner = MemoryStore;
+    fn inner(&self) -> &MemoryStore {
+        &self.inner
+    }
     async fn claim(
         &self,
         key: &Key,
@@ -101,21 +105,9 @@ impl Store for Hanging {
         self.extend.maybe().await;
         self.inner.extend(key, token, lease).await
     }
-    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key).await
-    }
     async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
         self.delete.maybe().await;
         self.inner.delete(key).await
-    }
-    async fn wait(&self, key: &Key, at_most: Duration) -> Result<(), StoreError> {
-        self.inner.wait(key, at_most).await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
     }
 }
 
@@ -165,9 +157,8 @@ async fn a_hanging_claim_times_out_and_the_body_does_not_run() {
     let runs = AtomicU32::new(0);
     let started = Instant::now();
     let err = idem
-        .run(key("claim"), Fingerprint::NONE, || async {
-            runs.fetch_add(1, Ordering::SeqCst)
-        })
+        .call(key("claim"), Fingerprint::NONE)
+        .run(|| async { runs.fetch_add(1, Ordering::SeqCst) })
         .await
         .unwrap_err();
     assert_eq!(started.elapsed(), STEP);
@@ -179,11 +170,10 @@ async fn a_hanging_claim_times_out_and_the_body_does_not_run() {
     );
     assert_eq!(store.claim.abandoned(), 1);
     // The store answers again: the next call runs.
-    idem.run(key("claim"), Fingerprint::NONE, || async {
-        runs.fetch_add(1, Ordering::SeqCst)
-    })
-    .await
-    .unwrap();
+    idem.call(key("claim"), Fingerprint::NONE)
+        .run(|| async { runs.fetch_add(1, Ordering::SeqCst) })
+        .await
+        .unwrap();
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
@@ -196,7 +186,7 @@ async fn the_heartbeat_keeps_beating_while_one_extend_hangs() {
     // timeout, and without the next beats the lease would end at 3 s and the result would
     // be refused as a lost lease.
     let v: u32 = idem
-        .call(key("heartbeat"))
+        .call(key("heartbeat"), Fingerprint::NONE)
         .lease(lease)
         .run(|| async {
             tokio::time::sleep(Duration::from_secs(10)).await;
@@ -225,7 +215,7 @@ async fn a_hanging_complete_answers_a_store_error_before_the_lease_ends() {
     let runs = AtomicU32::new(0);
     let started = Instant::now();
     let err = idem
-        .call(key("complete"))
+        .call(key("complete"), Fingerprint::NONE)
         .lease(lease)
         .run(|| async { runs.fetch_add(1, Ordering::SeqCst) })
         .await
@@ -257,15 +247,14 @@ async fn a_hanging_release_is_abandoned_and_the_body_error_returned() {
     store.release.set(1);
     let started = Instant::now();
     let out: Result<u8, Error> = idem
-        .call(key("release"))
+        .call(key("release"), Fingerprint::NONE)
         .run_fallible(|| async {
-            Err(Error::InvalidKey {
-                key: "body".into(),
-                reason: "the body failed".into(),
+            Err(Error::MissingKey {
+                scope: "the body failed".into(),
             })
         })
         .await;
-    assert!(matches!(out, Err(Error::InvalidKey { .. })), "{out:?}");
+    assert!(matches!(out, Err(Error::MissingKey { .. })), "{out:?}");
     assert_eq!(started.elapsed(), STEP);
     assert_eq!(store.release.abandoned(), 1);
 }
@@ -274,9 +263,9 @@ async fn a_hanging_release_is_abandoned_and_the_body_error_returned() {
 async fn the_background_release_of_a_dropped_call_is_bounded() {
     let (store, idem) = setup();
     store.release.set(1);
-    let call = idem.run(key("dropped"), Fingerprint::NONE, || async {
-        std::future::pending::<u8>().await
-    });
+    let call = idem
+        .call(key("dropped"), Fingerprint::NONE)
+        .run(|| async { std::future::pending::<u8>().await });
     assert!(tokio::time::timeout(Duration::from_millis(100), call)
         .await
         .is_err());
@@ -360,6 +349,9 @@ fn backends_are_named_and_wrappers_forward_the_name() {
     assert_eq!(Unnamed::default().backend(), "custom");
     let shared: Arc<dyn Store> = Arc::new(MemoryStore::new());
     assert_eq!(shared.backend(), "memory");
-    assert_eq!(Box::new(shared).backend(), "memory");
+    // A `Box` is a `StoreWrapper` as well as a `Store`: with both traits in scope, say which.
+    assert_eq!(Store::backend(&Box::new(shared)), "memory");
     assert_eq!(Arc::new(Unnamed::default()).backend(), "custom");
+    // A wrapper that overrides steps but not the name still names its inner store.
+    assert_eq!(Store::backend(&Hanging::default()), "memory");
 }

@@ -54,15 +54,17 @@ async fn tracing_events_mark_claim_replay_complete_release_and_takeover() {
     let store = MemoryStore::new();
     let idem = Idem::new(store.clone());
     let _: u8 = idem
-        .run(key("t1"), Fingerprint::NONE, || async { 1 })
+        .call(key("t1"), Fingerprint::NONE)
+        .run(|| async { 1 })
         .await
         .unwrap();
     let _: u8 = idem
-        .run(key("t1"), Fingerprint::NONE, || async { 1 })
+        .call(key("t1"), Fingerprint::NONE)
+        .run(|| async { 1 })
         .await
         .unwrap();
     let _: Result<u8, PayError> = idem
-        .call(key("t2"))
+        .call(key("t2"), Fingerprint::NONE)
         .run_fallible(|| async { Err(PayError::Timeout) })
         .await;
     // A holder that vanished: its lease ends and the next call takes over.
@@ -77,7 +79,8 @@ async fn tracing_events_mark_claim_replay_complete_release_and_takeover() {
         .unwrap();
     tokio::time::advance(Duration::from_secs(2)).await;
     let _: u8 = idem
-        .run(key("t3"), Fingerprint::NONE, || async { 3 })
+        .call(key("t3"), Fingerprint::NONE)
+        .run(|| async { 3 })
         .await
         .unwrap();
 
@@ -88,12 +91,16 @@ async fn tracing_events_mark_claim_replay_complete_release_and_takeover() {
     )
     .unwrap();
     let _: u8 = idem
-        .run(forged, Fingerprint::NONE, || async { 4 })
+        .call(forged, Fingerprint::NONE)
+        .run(|| async { 4 })
         .await
         .unwrap();
     // A call without a key, told to run anyway, says so.
     let _: u8 = idem
-        .call_checked(Key::from_id_result("engine-tests::no_key", Ok(None)))
+        .call_checked(
+            Key::from_id_result("engine-tests::no_key", Ok(None)),
+            Fingerprint::NONE,
+        )
         .missing_key(idem::MissingKey::Run)
         .run(|| async { 5 })
         .await

@@ -58,11 +58,16 @@ pub enum Error {
         #[source]
         source: StoreError,
     },
-    /// The key is not valid (empty, too long, or a scope with a `/`).
-    #[error("invalid idempotency key `{key}`: {reason}")]
+    /// The key is not valid (empty, too long, a scope with a `/`, or a key value that could
+    /// not be serialized). Like the other variants it names the key: its scope and its id
+    /// as given, whole; the message prints them escaped, and only a part over its length
+    /// limit shortened (its head, its tail and its length).
+    #[error("invalid idempotency key `{}`: {reason}", crate::key::shown_invalid(scope, id.as_deref()))]
     InvalidKey {
-        /// The key as given (shortened when very long).
-        key: String,
+        /// The scope as given.
+        scope: String,
+        /// The id as given, or `None` when the key value could not be serialized into one.
+        id: Option<String>,
         /// What is wrong with it.
         reason: String,
     },
@@ -91,10 +96,23 @@ pub enum Error {
         /// How long this call waited.
         waited: Duration,
     },
-    /// A backend could not be built from its configuration (a bad URL, a missing feature).
+    /// The configuration is not valid, so nothing was connected or run: a builder option out
+    /// of range (a zero `ttl`), a builder without a store, a store URL that names no known
+    /// scheme or one whose cargo feature is off, a malformed URL. Fix the code or the
+    /// settings; retrying cannot help.
+    #[error("invalid idem configuration: {message}")]
+    Config {
+        /// What is wrong, naming the option, the URL scheme or the cargo feature.
+        message: String,
+        /// The underlying error (a URL parser's), when there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// A store could not be reached or set up while connecting (refused, timed out, a bad
+    /// password, a table that could not be created).
     #[error("cannot connect an idempotency store: {message}")]
     Connect {
-        /// What is wrong, naming the URL scheme, option or cargo feature.
+        /// What failed, naming the URL (its password hidden) and the step.
         message: String,
         /// The underlying error, when there is one.
         #[source]
@@ -114,7 +132,10 @@ impl Error {
             | Error::Store { key, .. }
             | Error::InvalidOption { key, .. }
             | Error::WaitTimeout { key, .. } => Some(key),
-            Error::InvalidKey { .. } | Error::MissingKey { .. } | Error::Connect { .. } => None,
+            Error::InvalidKey { .. }
+            | Error::MissingKey { .. }
+            | Error::Config { .. }
+            | Error::Connect { .. } => None,
         }
     }
 

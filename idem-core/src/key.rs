@@ -39,7 +39,8 @@ impl Key {
     pub fn new(scope: impl AsRef<str>, id: impl AsRef<str>) -> Result<Key, Error> {
         let (scope, id) = (scope.as_ref(), id.as_ref());
         let invalid = |reason: String| Error::InvalidKey {
-            key: shown(&format!("{scope}/{id}")),
+            scope: scope.to_owned(),
+            id: Some(id.to_owned()),
             reason,
         };
         if scope.is_empty() {
@@ -95,7 +96,7 @@ impl Key {
         match id {
             Ok(Some(id)) => Key::new(scope, id),
             Ok(None) => Err(Error::MissingKey {
-                scope: shown(scope),
+                scope: Shown(scope).to_string(),
             }),
             Err(msg) => Err(invalid_value(scope, &msg)),
         }
@@ -119,42 +120,71 @@ impl Key {
 
 fn invalid_value(scope: &str, msg: &str) -> Error {
     Error::InvalidKey {
-        key: shown(&format!("{scope}/<value>")),
+        scope: scope.to_owned(),
+        id: None,
         reason: format!("the key value could not be serialized, so it has no stable digest: {msg}"),
     }
 }
 
-/// How a key (or a part of one) is printed: escaped and shortened.
-fn shown(s: &str) -> String {
-    Shown(s).to_string()
+/// How an invalid key prints in its error: `scope/id`, escaped, `<value>` for an id that
+/// could not be made. A part within its length limit prints whole, as in a valid key; one
+/// over it (it may be megabytes) prints its first 128 and last 32 bytes and its length, so
+/// that it can still be told apart and found.
+pub(crate) fn shown_invalid(scope: &str, id: Option<&str>) -> String {
+    let scope = Cut(scope, MAX_SCOPE_LEN);
+    match id {
+        Some(id) => format!("{scope}/{}", Cut(id, MAX_ID_LEN)),
+        None => format!("{scope}/<value>"),
+    }
 }
 
-/// Prints a key as text that is safe in a log line or an error message: control characters
-/// (a newline, a carriage return, an escape sequence), backslashes and the Unicode line,
+/// Prints text that is safe in a log line or an error message: control characters (a
+/// newline, a carriage return, an escape sequence), backslashes and the Unicode line,
 /// paragraph and direction marks are escaped as Rust escapes them (`\n`, `\u{1b}`), so a
-/// client-chosen id can neither split a log line nor forge one. A key longer than 96 bytes
-/// is cut there, with its length.
+/// client-chosen id can neither split a log line nor forge one. Never shortened: a key is
+/// at most `MAX_SCOPE_LEN + 1 + MAX_ID_LEN` bytes, and a cut one could lose the very id
+/// an operator looks for.
 struct Shown<'a>(&'a str);
 
 impl fmt::Display for Shown<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const SHOWN: usize = 96;
-        let s = self.0;
-        let mut end = s.len().min(SHOWN);
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        for c in s[..end].chars() {
+        for c in self.0.chars() {
             if needs_escape(c) {
                 write!(f, "{}", c.escape_debug())?;
             } else {
                 fmt::Write::write_char(f, c)?;
             }
         }
-        if end < s.len() {
-            write!(f, "... ({} bytes)", s.len())?;
-        }
         Ok(())
+    }
+}
+
+/// A part of an invalid key, escaped; over `limit` bytes, its head, its tail and its length.
+struct Cut<'a>(&'a str, usize);
+
+impl fmt::Display for Cut<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const HEAD: usize = 128;
+        const TAIL: usize = 32;
+        let (s, limit) = (self.0, self.1);
+        if s.len() <= limit {
+            return Shown(s).fmt(f);
+        }
+        let mut head = HEAD;
+        while !s.is_char_boundary(head) {
+            head -= 1;
+        }
+        let mut tail = s.len() - TAIL;
+        while !s.is_char_boundary(tail) {
+            tail += 1;
+        }
+        write!(
+            f,
+            "{}...{} ({} bytes)",
+            Shown(&s[..head]),
+            Shown(&s[tail..]),
+            s.len()
+        )
     }
 }
 
@@ -254,12 +284,41 @@ mod tests {
     }
 
     #[test]
-    fn long_keys_are_cut_on_a_char_boundary_with_their_length() {
-        let id = "é".repeat(100);
-        let shown = Key::new("s", &id).unwrap().to_string();
-        assert!(shown.ends_with("... (202 bytes)"), "{shown}");
-        // Debug keeps the whole id.
-        assert!(format!("{:?}", Key::new("s", &id).unwrap()).contains(&id));
+    fn a_long_key_prints_whole_in_its_errors() {
+        // The id an operator greps for is at the end of a long key: it must survive.
+        let id = format!("{}-order-42", "é".repeat(500));
+        let key = Key::new("billing::charge", &id).unwrap();
+        assert_eq!(key.to_string(), format!("billing::charge/{id}"));
+        let err = Error::KeyReuse { key: key.clone() }.to_string();
+        assert!(err.contains(&id), "{err}");
+        assert!(format!("{key:?}").contains(&id));
+    }
+
+    #[test]
+    fn an_invalid_key_names_its_scope_and_id_and_cuts_only_an_oversized_part() {
+        let Err(Error::InvalidKey { scope, id, reason }) = Key::new("a/b", "x\ny") else {
+            panic!("a scope with `/` is refused");
+        };
+        assert_eq!((scope.as_str(), id.as_deref()), ("a/b", Some("x\ny")));
+        assert!(reason.contains('/'), "{reason}");
+
+        // 2000 bytes: over the limit, so the message shows its head, tail and length,
+        // while the error itself keeps the id whole.
+        let long = format!("{}{}", "h".repeat(1000), "t".repeat(1000));
+        let err = Key::new("s", &long).unwrap_err();
+        assert!(matches!(&err, Error::InvalidKey { id: Some(id), .. } if *id == long));
+        let shown = err.to_string();
+        let expected = format!("`s/{}...{} (2000 bytes)`", "h".repeat(128), "t".repeat(32));
+        assert!(shown.contains(&expected), "{shown}");
+
+        // Cut on a char boundary.
+        let wide = "é".repeat(600);
+        let shown = Key::new("s", &wide).unwrap_err().to_string();
+        assert!(
+            shown.contains(&format!("s/{}...", "é".repeat(64))),
+            "{shown}"
+        );
+        assert!(shown.contains("(1200 bytes)"), "{shown}");
     }
 
     #[test]

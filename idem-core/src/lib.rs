@@ -16,6 +16,7 @@ pub mod envelope;
 mod error;
 mod key;
 mod store;
+mod wrapper;
 
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
@@ -36,3 +37,4 @@ pub use engine::{
 pub use error::{BoxError, DecodeError, Error, StoreError};
 pub use key::{Key, ReadableKeyId, MAX_ID_LEN, MAX_SCOPE_LEN};
 pub use store::{Capabilities, Claim, Fingerprint, Record, Store, Token};
+pub use wrapper::StoreWrapper;

@@ -215,11 +215,41 @@ pub fn fingerprint_of<T: FingerprintValue + ?Sized>(value: &T) -> Fingerprint {
 // ---------------------------------------------------------------------------------------
 // Engines, options.
 
-/// The engine of `store = <expr>`: an `Idem`, a reference to one, or anything that derefs
-/// to one (an `Arc<Idem>`). Cloned (one `Arc` increment) so that the expression may borrow
-/// `self` while the body takes `self` by value.
-pub fn engine(idem: &Idem) -> Idem {
-    idem.clone()
+/// What `store = <expr>` accepts: an `Idem`, or a reference or pointer to one (`&`,
+/// `&mut`, `Arc`, `Rc`, `Box`, through any number of them). Listed rather than any `Deref`,
+/// so that a bare store, even behind an `Arc<dyn Store>`, is reported with the message
+/// below rather than as a missing `Deref`; another smart pointer is passed as `&*ptr`.
+#[diagnostic::on_unimplemented(
+    message = "`store = ...` takes an `idem::Idem` (the engine), not `{Self}`",
+    label = "not an `idem::Idem`, nor a reference or pointer to one",
+    note = "build the engine on the store once, `idem::Idem::new(store)` or `idem::Idem::builder().store(store)...build()`, keep it (in the struct, say) and name it: `store = self.idem`"
+)]
+pub trait EngineRef {
+    /// The engine.
+    fn engine_ref(&self) -> &Idem;
+}
+
+impl EngineRef for Idem {
+    fn engine_ref(&self) -> &Idem {
+        self
+    }
+}
+
+macro_rules! engine_through {
+    ($($ptr:ty),*) => {$(
+        impl<T: EngineRef + ?Sized> EngineRef for $ptr {
+            fn engine_ref(&self) -> &Idem {
+                (**self).engine_ref()
+            }
+        }
+    )*};
+}
+engine_through!(&T, &mut T, std::sync::Arc<T>, std::rc::Rc<T>, Box<T>);
+
+/// The engine of `store = <expr>`. Cloned (one `Arc` increment) so that the expression may
+/// borrow `self` while the body takes `self` by value.
+pub fn engine<E: EngineRef + ?Sized>(idem: &E) -> Idem {
+    idem.engine_ref().clone()
 }
 
 /// A duration literal (`"250ms"`, `"30s"`, `"5m"`, `"24h"`, `"7d"`), already checked and

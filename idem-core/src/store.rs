@@ -296,7 +296,8 @@ macro_rules! forward_store {
         }
     )*};
 }
-forward_store!(Arc<S>, Box<S>);
+// `Box<S>` is a `StoreWrapper` (see wrapper.rs), and a store through it.
+forward_store!(Arc<S>);
 
 #[cfg(test)]
 mod tests {

@@ -833,7 +833,8 @@ pub async fn engine_runs_once_and_replays(store: Arc<dyn Store>) {
     let runs = AtomicU64::new(0);
     for _ in 0..5 {
         let v: Vec<String> = idem
-            .run(k.clone(), fp(1), || async {
+            .call(k.clone(), fp(1))
+            .run(|| async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 vec!["a".to_string(), "é".to_string()]
             })
@@ -843,7 +844,8 @@ pub async fn engine_runs_once_and_replays(store: Arc<dyn Store>) {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     let reuse = idem
-        .run(k.clone(), fp(2), || async { vec![String::new()] })
+        .call(k.clone(), fp(2))
+        .run(|| async { vec![String::new()] })
         .await;
     assert!(matches!(reuse, Err(Error::KeyReuse { .. })), "{reuse:?}");
 }
@@ -862,13 +864,14 @@ pub async fn engine_concurrent_duplicates_wait_for_one_run(store: Arc<dyn Store>
         .map(|i| {
             let (idem, k, runs) = (idem.clone(), k.clone(), runs.clone());
             tokio::spawn(async move {
-                idem.run(k, fp(1), || async move {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    i
-                })
-                .await
-                .unwrap()
+                idem.call(k, fp(1))
+                    .run(|| async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        i
+                    })
+                    .await
+                    .unwrap()
             })
         })
         .collect();

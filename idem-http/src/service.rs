@@ -187,8 +187,7 @@ where
 {
     let mut call = config
         .idem
-        .call(key)
-        .fingerprint(fingerprint)
+        .call(key, fingerprint)
         .in_progress(config.in_progress);
     if let Some(timeout) = config.wait_timeout {
         call = call.wait_timeout(timeout);

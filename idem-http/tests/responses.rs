@@ -90,7 +90,8 @@ async fn every_error_has_its_status() {
         ),
         (
             Error::InvalidKey {
-                key: String::new(),
+                scope: "billing::charge".into(),
+                id: Some(String::new()),
                 reason: "empty".into(),
             },
             400,

@@ -255,7 +255,7 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
     let mut call_args = Group::new(
         Delimiter::Parenthesis,
         quote! {
-            #engine.call_checked(#key).fingerprint(#fp) #options,
+            #engine.call_checked(#key, #fp) #options,
             #eqs
             #from_idem
             #predicate

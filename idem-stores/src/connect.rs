@@ -8,7 +8,8 @@ use crate::MemoryStore;
 
 /// Opens the store a URL names: `memory://`, `sqlite://path`, `postgres://...`,
 /// `redis://...` or `redis+cluster://host1,host2,...`. A scheme whose cargo feature is off
-/// answers with an error naming the feature to turn on.
+/// answers with an [`Error::Config`] naming the feature to turn on; a store that cannot be
+/// reached, with an [`Error::Connect`].
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -19,7 +20,7 @@ use crate::MemoryStore;
 /// # }
 /// ```
 pub async fn connect(url: &str) -> Result<Arc<dyn Store>, Error> {
-    let scheme = url.split_once("://").map(|(s, _)| s).ok_or_else(|| Error::Connect {
+    let scheme = url.split_once("://").map(|(s, _)| s).ok_or_else(|| Error::Config {
         message: format!("`{url}` is not a store URL: expected `scheme://...` (memory, sqlite, postgres, redis, redis+cluster)"),
         source: None,
     })?;
@@ -50,7 +51,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Store>, Error> {
         }
         #[cfg(not(feature = "sqlite"))]
         "sqlite" => missing(url, "sqlite"),
-        other => Err(Error::Connect {
+        other => Err(Error::Config {
             message: format!(
                 "unknown store URL scheme `{other}` in `{url}`: expected memory, sqlite, postgres, redis or redis+cluster"
             ),
@@ -71,7 +72,7 @@ fn set_up_failed(backend: &str, e: idem_core::StoreError) -> Error {
 #[allow(dead_code)]
 fn missing(url: &str, feature: &str) -> Result<Arc<dyn Store>, Error> {
     let scheme = url.split("://").next().unwrap_or(url);
-    Err(Error::Connect {
+    Err(Error::Config {
         message: format!(
             "the `{scheme}://` store needs the cargo feature `{feature}` of idem (or idem-stores); it is off in this build"
         ),

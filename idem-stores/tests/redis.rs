@@ -217,7 +217,7 @@ async fn round_trips_first_call_two_replay_one() {
     let runs = AtomicU32::new(0);
     let k = key("round-trips", "order-1");
     let call = || {
-        idem.run(k.clone(), Fingerprint::of(&1u8), || async {
+        idem.call(k.clone(), Fingerprint::of(&1u8)).run(|| async {
             runs.fetch_add(1, Ordering::SeqCst);
             "receipt".to_string()
         })
@@ -401,21 +401,21 @@ async fn redis_stopped_mid_run_fails_closed_and_the_same_store_recovers() {
 
     // Healthy: runs once.
     let ok = idem
-        .run(key(&scope, "before"), Fingerprint::NONE, || async {
-            "v".to_string()
-        })
+        .call(key(&scope, "before"), Fingerprint::NONE)
+        .run(|| async { "v".to_string() })
         .await;
     assert_eq!(ok.unwrap(), "v");
 
     // The server dies while the body runs: the result cannot be stored, the caller is told.
     let mid = {
         let (server, runs) = (server.clone(), runs.clone());
-        idem.run(key(&scope, "mid-run"), Fingerprint::NONE, || async move {
-            runs.fetch_add(1, Ordering::SeqCst);
-            server.lock().unwrap().kill();
-            "lost".to_string()
-        })
-        .await
+        idem.call(key(&scope, "mid-run"), Fingerprint::NONE)
+            .run(|| async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                server.lock().unwrap().kill();
+                "lost".to_string()
+            })
+            .await
     };
     assert_store_error(mid, "the server died during the body");
     assert_eq!(runs.load(Ordering::SeqCst), 1);
@@ -425,7 +425,8 @@ async fn redis_stopped_mid_run_fails_closed_and_the_same_store_recovers() {
     for i in 0..5 {
         let runs = runs.clone();
         let res = idem
-            .run(down_key.clone(), Fingerprint::NONE, || async move {
+            .call(down_key.clone(), Fingerprint::NONE)
+            .run(|| async move {
                 runs.fetch_add(1, Ordering::SeqCst);
                 "ran".to_string()
             })
@@ -440,7 +441,8 @@ async fn redis_stopped_mid_run_fails_closed_and_the_same_store_recovers() {
     let value = loop {
         let runs = runs.clone();
         match idem
-            .run(down_key.clone(), Fingerprint::NONE, || async move {
+            .call(down_key.clone(), Fingerprint::NONE)
+            .run(|| async move {
                 runs.fetch_add(1, Ordering::SeqCst);
                 "after".to_string()
             })
@@ -460,9 +462,8 @@ async fn redis_stopped_mid_run_fails_closed_and_the_same_store_recovers() {
     assert_eq!(value, "after");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
     let replay = idem
-        .run(down_key.clone(), Fingerprint::NONE, || async {
-            "again".to_string()
-        })
+        .call(down_key.clone(), Fingerprint::NONE)
+        .run(|| async { "again".to_string() })
         .await
         .unwrap();
     assert_eq!(replay, "after", "replayed from the restarted server");
@@ -582,8 +583,9 @@ async fn connecting_to_nothing_is_a_bounded_connect_error() {
         "took {:?}",
         started.elapsed()
     );
+    // A URL that is not one is the caller's configuration, not an outage.
     let bad = idem_stores::connect("redis://:::not a url").await;
-    assert!(matches!(bad, Err(Error::Connect { .. })), "{bad:?}");
+    assert!(matches!(bad, Err(Error::Config { .. })), "{bad:?}");
 }
 
 // --- concurrency ----------------------------------------------------------------------
@@ -619,13 +621,14 @@ async fn many_processes_worth_of_callers_run_the_body_once() {
             );
             tokio::spawn(async move {
                 barrier.wait().await;
-                idem.run(k, Fingerprint::of(&7u8), || async move {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    format!("charged by caller {i}")
-                })
-                .await
-                .unwrap()
+                idem.call(k, Fingerprint::of(&7u8))
+                    .run(|| async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        format!("charged by caller {i}")
+                    })
+                    .await
+                    .unwrap()
             })
         })
         .collect();
@@ -754,7 +757,8 @@ async fn a_foreign_value_under_the_prefix_is_a_decode_error_naming_the_key() {
             .await
             .unwrap();
         let res = idem
-            .run(k.clone(), Fingerprint::NONE, || async {
+            .call(k.clone(), Fingerprint::NONE)
+            .run(|| async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 1u32
             })
@@ -789,7 +793,8 @@ async fn a_foreign_value_under_the_prefix_is_a_decode_error_naming_the_key() {
         .await
         .unwrap();
     let res = idem
-        .run(k.clone(), Fingerprint::NONE, || async { 1u32 })
+        .call(k.clone(), Fingerprint::NONE)
+        .run(|| async { 1u32 })
         .await;
     assert!(
         matches!(&res, Err(Error::Decode { key, .. }) if *key == k),
@@ -976,9 +981,8 @@ async fn a_full_noeviction_server_refuses_new_claims_and_still_replays() {
     let idem = Idem::new(RedisStore::open(&server.url()).await.unwrap());
     let stored = key("oom", "stored");
     let v: String = idem
-        .run(stored.clone(), Fingerprint::NONE, || async {
-            "kept".to_string()
-        })
+        .call(stored.clone(), Fingerprint::NONE)
+        .run(|| async { "kept".to_string() })
         .await
         .unwrap();
     assert_eq!(v, "kept");
@@ -1008,7 +1012,8 @@ async fn a_full_noeviction_server_refuses_new_claims_and_still_replays() {
     assert!(refused.is_err(), "the server is not full");
     let runs = AtomicU32::new(0);
     let res = idem
-        .run(key("oom", "new"), Fingerprint::NONE, || async {
+        .call(key("oom", "new"), Fingerprint::NONE)
+        .run(|| async {
             runs.fetch_add(1, Ordering::SeqCst);
             "ran".to_string()
         })
@@ -1024,7 +1029,8 @@ async fn a_full_noeviction_server_refuses_new_claims_and_still_replays() {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 0, "a body ran without a claim");
     let replay: String = idem
-        .run(stored, Fingerprint::NONE, || async { "again".to_string() })
+        .call(stored, Fingerprint::NONE)
+        .run(|| async { "again".to_string() })
         .await
         .unwrap();
     assert_eq!(replay, "kept", "a full server still answers replays");

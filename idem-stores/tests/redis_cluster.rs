@@ -184,12 +184,13 @@ async fn callers_on_several_cluster_connections_run_the_body_once() {
             let (idem, runs) = (engines[i % 3].clone(), runs.clone());
             let k = key(&scope, &format!("order-{}", i % 6));
             tokio::spawn(async move {
-                idem.run(k, Fingerprint::NONE, || async move {
-                    runs[i % 6].fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    i % 6
-                })
-                .await
+                idem.call(k, Fingerprint::NONE)
+                    .run(|| async move {
+                        runs[i % 6].fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        i % 6
+                    })
+                    .await
             })
         })
         .collect();

@@ -97,7 +97,7 @@ async fn cluster_first_call_two_round_trips_replay_one() {
     for id in ["a", "b", "c", "d"] {
         let k = Key::new(&scope, id).unwrap();
         let call = || {
-            idem.run(k.clone(), Fingerprint::of(&1u8), || async {
+            idem.call(k.clone(), Fingerprint::of(&1u8)).run(|| async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 id.to_string()
             })

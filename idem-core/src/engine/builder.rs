@@ -92,10 +92,10 @@ impl IdemBuilder {
         self
     }
 
-    /// Builds the engine. Fails when no store was given or a duration is zero (or over 100
-    /// years).
+    /// Builds the engine. Fails with [`Error::Config`] when no store was given or a
+    /// duration is under 1 ms or over 100 years.
     pub fn build(self) -> Result<Idem, Error> {
-        let store = self.store.ok_or_else(|| Error::Connect {
+        let store = self.store.ok_or_else(|| Error::Config {
             message: "Idem::builder() needs a store: call .store(...) before .build()".into(),
             source: None,
         })?;
@@ -110,7 +110,7 @@ impl IdemBuilder {
             ("step_timeout", step_timeout),
         ] {
             if let Err(reason) = check_duration(d) {
-                return Err(Error::Connect {
+                return Err(Error::Config {
                     message: format!("Idem::builder(): `{name}` is {d:?}; {reason}"),
                     source: None,
                 });

@@ -53,12 +53,6 @@ pub struct Call<'a, C = BuiltinCodec, R = Bare> {
 }
 
 impl<'a, C: Codec, R: Answer> Call<'a, C, R> {
-    /// The fingerprint of the request (default [`Fingerprint::NONE`]: no check).
-    pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
-        self.fingerprint = fingerprint;
-        self
-    }
-
     /// The time to live of this call's result.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = Some(ttl);
@@ -131,8 +125,8 @@ impl<'a, C: Codec, R: Answer> Call<'a, C, R> {
     /// let idem = Idem::new(MemoryStore::new());
     /// let charge = || async { Ok::<u64, idem::Error>(1000) };
     /// let key = Key::new("billing::charge", "o-1")?;
-    /// let first = idem.call(key.clone()).with_outcome().run_fallible(charge).await?;
-    /// let again = idem.call(key).with_outcome().run_fallible(charge).await?;
+    /// let first = idem.call(key.clone(), Fingerprint::NONE).with_outcome().run_fallible(charge).await?;
+    /// let again = idem.call(key, Fingerprint::NONE).with_outcome().run_fallible(charge).await?;
     /// assert_eq!((first.origin(), *first.value()), (Origin::Ran, 1000));
     /// assert_eq!((again.origin(), again.is_replay()), (Origin::Store, true));
     /// # Ok(()) }

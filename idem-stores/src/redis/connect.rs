@@ -23,7 +23,8 @@ impl RedisStoreBuilder {
     ///
     /// Then loads the scripts, and warns when the server's `maxmemory-policy` can evict
     /// records. A server that cannot be reached within the connect timeout is an
-    /// [`Error::Connect`] with the client's error as its source.
+    /// [`Error::Connect`] with the client's error as its source; a URL that is not one, an
+    /// [`Error::Config`].
     pub async fn open(self, url: &str) -> Result<RedisStore, Error> {
         let scheme = url.split_once("://").map_or("", |(s, _)| s);
         match scheme {
@@ -34,14 +35,14 @@ impl RedisStoreBuilder {
                     self.open_cluster(nodes).await
                 }
                 #[cfg(not(feature = "redis-cluster"))]
-                Err(connect_error(
+                Err(config_error(
                     format!("`{scheme}://` needs the cargo feature `redis-cluster` of idem (or idem-stores)"),
                     None,
                 ))
             }
             _ => {
                 let client = redis::Client::open(url).map_err(|e| {
-                    connect_error(format!("`{}` is not a Redis URL", redact(url)), Some(e))
+                    config_error(format!("`{}` is not a Redis URL", redact(url)), Some(e))
                 })?;
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(self.connect_timeout))
@@ -104,7 +105,7 @@ impl RedisStoreBuilder {
             .response_timeout(self.command_timeout)
             .retries(2)
             .build()
-            .map_err(|e| connect_error(format!("bad Redis Cluster nodes `{shown}`"), Some(e)))?;
+            .map_err(|e| config_error(format!("bad Redis Cluster nodes `{shown}`"), Some(e)))?;
         let connection =
             tokio::time::timeout(self.connect_timeout * 3, client.get_async_connection())
                 .await
@@ -162,6 +163,14 @@ impl RedisStoreBuilder {
             tracing::warn!(target: "idem", error = %e, "could not load idem's scripts into Redis Cluster yet; they load on first use");
         }
         store
+    }
+}
+
+/// A URL or option that is wrong whatever the server does.
+pub(super) fn config_error(message: String, source: Option<redis::RedisError>) -> Error {
+    Error::Config {
+        message,
+        source: source.map(|e| Box::new(e) as idem_core::BoxError),
     }
 }
 

@@ -4,7 +4,7 @@
 use idem_core::Error;
 
 #[cfg(feature = "redis-cluster")]
-use super::connect::connect_error;
+use super::connect::config_error;
 
 /// `redis+cluster://[auth@]h1:p1,h2:p2[/db][?query]` as one `redis://` URL per node.
 #[cfg(feature = "redis-cluster")]
@@ -30,7 +30,7 @@ pub(crate) fn cluster_nodes(url: &str) -> Result<Vec<String>, Error> {
         .map(|h| format!("{node_scheme}://{auth}{h}{tail}"))
         .collect();
     if nodes.is_empty() {
-        return Err(connect_error(
+        return Err(config_error(
             format!(
                 "`{}` names no cluster node: expected `{scheme}://host1:port1,host2:port2`",
                 redact(url)

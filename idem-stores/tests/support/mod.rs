@@ -200,18 +200,19 @@ impl From<Error> for BodyError {
 pub async fn claim_when_black_holed(store: Arc<dyn Store>, proxy: &TcpProxy, key: Key) {
     let backend = store.backend();
     let idem = engine(store);
-    idem.run(key.clone(), Fingerprint::NONE, || async { 0u32 })
+    idem.call(key.clone(), Fingerprint::NONE)
+        .run(|| async { 0u32 })
         .await
         .expect("healthy before the black hole");
     let runs = AtomicU32::new(0);
     proxy.black_hole();
     let started = Instant::now();
     let err = idem
-        .run(
+        .call(
             Key::new(key.scope(), format!("{}-2", key.id())).unwrap(),
             Fingerprint::NONE,
-            || async { runs.fetch_add(1, Ordering::SeqCst) },
         )
+        .run(|| async { runs.fetch_add(1, Ordering::SeqCst) })
         .await
         .unwrap_err();
     assert_within(&format!("{backend} claim"), started.elapsed(), STEP);
@@ -232,7 +233,7 @@ pub async fn release_when_black_holed(store: Arc<dyn Store>, proxy: &TcpProxy, k
     let idem = engine(recorded.clone());
     let mut body_ended = None;
     let out: Result<u32, BodyError> = idem
-        .call(key)
+        .call(key, Fingerprint::NONE)
         .run_fallible(|| async {
             proxy.black_hole();
             body_ended = Some(Instant::now());
@@ -260,7 +261,7 @@ pub async fn extend_and_complete_when_black_holed(
     let lease = Duration::from_millis(1200);
     let started = Instant::now();
     let out = idem
-        .call(key)
+        .call(key, Fingerprint::NONE)
         .lease(lease)
         .run(|| async {
             proxy.black_hole();
@@ -305,7 +306,7 @@ pub async fn complete_black_holed_after_the_body(
         tokio::spawn(async move {
             let started = Instant::now();
             let out = idem
-                .call(key)
+                .call(key, Fingerprint::NONE)
                 .lease(lease)
                 .run(|| async {
                     runs.fetch_add(1, Ordering::SeqCst);
@@ -328,7 +329,8 @@ pub async fn complete_black_holed_after_the_body(
     let mut in_progress = 0;
     while !first.is_finished() {
         match other
-            .run(key.clone(), Fingerprint::NONE, || async {
+            .call(key.clone(), Fingerprint::NONE)
+            .run(|| async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 8u32
             })
@@ -354,7 +356,8 @@ pub async fn complete_black_holed_after_the_body(
     let deadline = Instant::now() + Duration::from_secs(10);
     let v = loop {
         match other
-            .run(key.clone(), Fingerprint::NONE, || async {
+            .call(key.clone(), Fingerprint::NONE)
+            .run(|| async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 8u32
             })
@@ -376,13 +379,10 @@ pub async fn complete_black_holed_after_the_body(
 pub async fn cut_connections_recover(store: Arc<dyn Store>, proxy: &TcpProxy, scope: &str) {
     let backend = store.backend();
     let idem = engine(store);
-    idem.run(
-        Key::new(scope, "warm").unwrap(),
-        Fingerprint::NONE,
-        || async { 0u32 },
-    )
-    .await
-    .unwrap();
+    idem.call(Key::new(scope, "warm").unwrap(), Fingerprint::NONE)
+        .run(|| async { 0u32 })
+        .await
+        .unwrap();
     let before = proxy.accepted();
     proxy.cut();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -391,11 +391,8 @@ pub async fn cut_connections_recover(store: Arc<dyn Store>, proxy: &TcpProxy, sc
         let runs = AtomicU32::new(0);
         let started = Instant::now();
         let res = idem
-            .run(
-                Key::new(scope, format!("k{i}")).unwrap(),
-                Fingerprint::NONE,
-                || async { runs.fetch_add(1, Ordering::SeqCst) },
-            )
+            .call(Key::new(scope, format!("k{i}")).unwrap(), Fingerprint::NONE)
+            .run(|| async { runs.fetch_add(1, Ordering::SeqCst) })
             .await;
         match res {
             Ok(_) => break,
