@@ -47,6 +47,12 @@
 //!
 //! [`MemoryStore`] is always available. `sqlite`, `postgres`, `redis` and `redis-cluster`
 //! are cargo features; [`connect`] picks a store from a URL.
+//!
+//! ## HTTP
+//!
+//! Feature `http` adds `idem::http` (the crate `idem-http`): a tower layer that gives an
+//! axum or tower service the `Idempotency-Key` header's semantics on any store. `http-axum`
+//! adds its axum extractor and error responses, `http-client` the retrying reqwest client.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
