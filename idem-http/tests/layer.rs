@@ -1,6 +1,7 @@
 //! End to end: a real axum server on 127.0.0.1, a real HTTP client, the layer on each
 //! store (SQLite always; Postgres and Redis when configured, as the store tests).
 
+#[macro_use]
 mod support;
 
 use std::sync::atomic::Ordering;
@@ -332,23 +333,6 @@ async fn body_too_large(backend: Backend) {
         (413, "urn:idem:problem:body-too-large")
     );
     assert_eq!(shop.charges(), 0);
-}
-
-macro_rules! per_backend {
-    ($($scenario:ident),* $(,)?) => {
-        mod sqlite {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $scenario() { super::$scenario(super::Backend::Sqlite).await })*
-        }
-        mod postgres {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $scenario() { super::$scenario(super::Backend::Postgres).await })*
-        }
-        mod redis {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $scenario() { super::$scenario(super::Backend::Redis).await })*
-        }
-    };
 }
 
 per_backend!(

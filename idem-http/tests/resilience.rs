@@ -1,6 +1,7 @@
 //! End to end: disconnects, dropped connections, restarts, drain, store outages, and the
 //! layer among other layers. Real servers on 127.0.0.1, real clients.
 
+#[macro_use]
 mod support;
 
 use std::net::SocketAddr;
@@ -31,9 +32,10 @@ impl Drop for NotifyOnDrop {
 
 /// A client that sends a charge and disconnects while the handler runs: the charge still
 /// completes, and the client's retry gets its response.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_disconnected_client_does_not_stop_the_charge() {
-    let (idem, _, _dir) = idem_on(Backend::Sqlite).await.unwrap();
+async fn a_disconnected_client_does_not_stop_the_charge(backend: Backend) {
+    let Some((idem, _, _dir)) = idem_on(backend).await else {
+        return;
+    };
     let shop = Arc::new(Shop::default());
     let gate = shop.close_gate();
     let abandoned = Arc::new(Notify::new());
@@ -112,9 +114,10 @@ async fn cutting_proxy(upstream: SocketAddr, connections: Arc<AtomicUsize>) -> S
 
 /// The client helper resends after the connection drops mid-response, with the same key:
 /// one charge, and the retry gets it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_client_retries_a_dropped_connection_with_the_same_key() {
-    let (idem, _, _dir) = idem_on(Backend::Sqlite).await.unwrap();
+async fn the_client_retries_a_dropped_connection_with_the_same_key(backend: Backend) {
+    let Some((idem, _, _dir)) = idem_on(backend).await else {
+        return;
+    };
     let shop = Arc::new(Shop::default());
     let app = routes(shop.clone()).layer(IdempotencyLayer::new(idem).scope(unique_scope("cut")));
     let server = Server::start(app).await;
@@ -168,9 +171,10 @@ async fn a_replay_survives_a_restart_on_the_same_sqlite_file() {
 }
 
 /// `drain()` waits for a running handler, and refuses new guarded requests meanwhile.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn drain_waits_for_running_handlers() {
-    let (idem, _, _dir) = idem_on(Backend::Sqlite).await.unwrap();
+async fn drain_waits_for_running_handlers(backend: Backend) {
+    let Some((idem, _, _dir)) = idem_on(backend).await else {
+        return;
+    };
     let shop = Arc::new(Shop::default());
     let gate = shop.close_gate();
     let layer = IdempotencyLayer::new(idem).scope(unique_scope("drain"));
@@ -293,3 +297,9 @@ async fn composes_with_route_layer_and_other_layers() {
     let (status, replayed, _) = parts(send("/unguarded", "alice").await.unwrap()).await;
     assert_eq!((status, replayed), (200, None));
 }
+
+per_backend!(
+    a_disconnected_client_does_not_stop_the_charge,
+    the_client_retries_a_dropped_connection_with_the_same_key,
+    drain_waits_for_running_handlers,
+);

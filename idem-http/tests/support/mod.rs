@@ -1,5 +1,5 @@
 //! What the end-to-end tests share: stores per backend, a test app, a real server.
-#![allow(dead_code)]
+#![allow(dead_code, unused_macros)]
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -370,4 +370,24 @@ pub async fn problem_type(res: reqwest::Response) -> (u16, String, serde_json::V
     let body: serde_json::Value = res.json().await.expect("problem json");
     assert_eq!(body["status"], status, "the problem repeats the status");
     (status, body["type"].as_str().unwrap().to_owned(), body)
+}
+
+/// Stamps one `#[tokio::test]` per backend for each scenario `async fn name(Backend)`:
+/// `sqlite::name` always runs; `postgres::name` and `redis::name` skip (or fail, with
+/// `IDEM_REQUIRE_BACKENDS=1`) when their server is not configured.
+macro_rules! per_backend {
+    ($($scenario:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $scenario() { super::$scenario(super::Backend::Sqlite).await })*
+        }
+        mod postgres {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $scenario() { super::$scenario(super::Backend::Postgres).await })*
+        }
+        mod redis {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $scenario() { super::$scenario(super::Backend::Redis).await })*
+        }
+    };
 }
