@@ -47,6 +47,12 @@
 //!
 //! [`MemoryStore`] is always available. `sqlite`, `postgres`, `mysql`, `redis` and
 //! `redis-cluster` are cargo features; [`connect`] picks a store from a URL.
+//!
+//! ## HTTP
+//!
+//! Feature `http` adds `idem::http` (the crate `idem-http`): a tower layer that gives an
+//! axum or tower service the `Idempotency-Key` header's semantics on any store. `http-axum`
+//! adds its axum extractor and error responses, `http-client` the retrying reqwest client.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -64,6 +70,13 @@ pub use idem_core::{
     DEFAULT_STEP_TIMEOUT, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
 };
 pub use idem_stores::MemoryStore;
+
+/// The `Idempotency-Key` HTTP header: a tower layer (axum-compatible), the axum extractor
+/// (feature `http-axum`) and the retrying reqwest client (feature `http-client`). The crate
+/// `idem-http`.
+#[cfg(feature = "http")]
+#[cfg_attr(docsrs, doc(cfg(feature = "http")))]
+pub use idem_http as http;
 
 /// Makes an `async fn` safe to retry: its body runs once per idempotency key, and every
 /// later call with that key gets the stored result instead of running it again.

@@ -1,0 +1,98 @@
+//! The client's idempotency key: reading and validating the header.
+
+use http::header::HeaderName;
+use http::HeaderMap;
+
+use crate::config::MAX_KEY_LEN;
+use crate::problem::Problem;
+
+/// A validated idempotency key, as the client sent it (the quotes of a structured-field
+/// string removed).
+///
+/// The layer puts it in the request's extensions before the handler runs; with the `axum`
+/// feature it is also an extractor, for handlers that pass the key on downstream (to a
+/// payment provider's own idempotency key, say).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    /// The key.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The key, owned.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+
+    /// Reads and validates the key in `headers` under `name`: `Ok(None)` when there is
+    /// none, a 400 problem when there are several, or the value is not a printable ASCII
+    /// header value, is empty, or is longer than 255 characters.
+    pub fn from_headers(headers: &HeaderMap, name: &HeaderName) -> Result<Option<Self>, Problem> {
+        let mut values = headers.get_all(name).iter();
+        let Some(value) = values.next() else {
+            return Ok(None);
+        };
+        if values.next().is_some() {
+            return Err(Problem::invalid_key(
+                name,
+                format!("the request has more than one `{name}` header; send exactly one"),
+            ));
+        }
+        let text = value.to_str().map_err(|_| {
+            Problem::invalid_key(
+                name,
+                format!(
+                    "the `{name}` header is not a valid header value: use printable ASCII only"
+                ),
+            )
+        })?;
+        // The draft defines the key as a structured-field string (`"abc"`); bare tokens are
+        // what most clients send, so both are accepted and mean the same key.
+        let key = match text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+            Some(inner) => inner,
+            None => text,
+        };
+        if key.trim().is_empty() {
+            return Err(Problem::invalid_key(
+                name,
+                format!("the `{name}` header is empty"),
+            ));
+        }
+        if key.len() > MAX_KEY_LEN {
+            return Err(Problem::invalid_key(
+                name,
+                format!(
+                    "the `{name}` header is {} characters long; at most {MAX_KEY_LEN} are accepted",
+                    key.len()
+                ),
+            ));
+        }
+        Ok(Some(IdempotencyKey(key.to_owned())))
+    }
+}
+
+impl std::fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for IdempotencyKey {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The id of the stored key for `key` sent by `principal`. Injective: a principal is
+/// length-prefixed (`5:alice:k1`), an anonymous request is `-:k1`, and a principal too long
+/// to fit the store's id limit is replaced by its digest (`#<hex>:k1`), so two principals
+/// never share an id and neither can forge the other's.
+pub(crate) fn stored_id(principal: Option<&str>, key: &IdempotencyKey) -> String {
+    match principal {
+        None => format!("-:{}", key.0),
+        Some(p) if p.len() <= 256 => format!("{}:{p}:{}", p.len(), key.0),
+        Some(p) => format!("#{}:{}", idem_core::digest_hex(p), key.0),
+    }
+}

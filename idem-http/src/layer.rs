@@ -1,0 +1,204 @@
+//! [`IdempotencyLayer`]: the options, and the handle that drains running handlers.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::HeaderName;
+use http::request::Parts;
+use http::Method;
+use idem_core::{Idem, InProgress};
+use tokio_util::task::TaskTracker;
+
+use crate::config::Config;
+use crate::service::IdempotencyService;
+
+/// A [`tower::Layer`] that gives a service the semantics of the `Idempotency-Key` header
+/// (IETF draft-ietf-httpapi-idempotency-key-header) on any idem store.
+///
+/// A guarded request (POST or PATCH by default) with a key runs the handler once per key
+/// (and principal); a retry gets the stored response with `Idempotent-Replayed: true`. See
+/// the crate documentation for every status it answers.
+///
+/// ```
+/// use idem_core::Idem;
+/// use idem_http::IdempotencyLayer;
+/// # use idem_stores::MemoryStore;
+///
+/// let idem = Idem::new(MemoryStore::new());
+/// let layer = IdempotencyLayer::new(idem)
+///     .max_body(64 * 1024)
+///     .principal(|parts| {
+///         parts.headers.get("x-tenant").and_then(|v| v.to_str().ok()).map(str::to_owned)
+///     });
+/// # let _ = layer;
+/// ```
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct IdempotencyLayer {
+    config: Config,
+}
+
+impl IdempotencyLayer {
+    /// A layer on `idem` with the defaults: POST and PATCH guarded, the key required in
+    /// `Idempotency-Key`, bodies up to 1 MiB, 4xx responses stored and 5xx not, keys not
+    /// scoped by principal, a concurrent duplicate answered 409.
+    pub fn new(idem: Idem) -> Self {
+        IdempotencyLayer {
+            config: Config::new(idem),
+        }
+    }
+
+    /// The methods guarded (default POST and PATCH); others pass through untouched.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.config.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Whether a guarded request without a key is refused with 400 (the default) or passes
+    /// through without idempotency.
+    pub fn key_required(mut self, required: bool) -> Self {
+        self.config.key_required = required;
+        self
+    }
+
+    /// The header the key is read from (default `Idempotency-Key`).
+    pub fn header(mut self, name: HeaderName) -> Self {
+        self.config.header = name;
+        self
+    }
+
+    /// The largest request body read for the fingerprint, in bytes (default 1 MiB). A
+    /// larger body is answered 413 and never reaches the handler.
+    pub fn max_body(mut self, bytes: usize) -> Self {
+        self.config.max_body = bytes;
+        self
+    }
+
+    /// The response headers stored and replayed (default `content-type`,
+    /// `content-language`, `content-location`, `location`, `etag`, `last-modified`). The
+    /// first response keeps all of its headers; a replay carries only these.
+    pub fn stored_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.config.stored_headers = names.into_iter().collect();
+        self
+    }
+
+    /// Whether 4xx responses are stored and replayed (default true: a declined request
+    /// stays declined). When false, the key is released and a retry runs the handler again.
+    pub fn store_client_errors(mut self, store: bool) -> Self {
+        self.config.store_client_errors = store;
+        self
+    }
+
+    /// Whether 5xx responses are stored and replayed (default false: a retry after a
+    /// server failure runs the handler again).
+    pub fn store_server_errors(mut self, store: bool) -> Self {
+        self.config.store_server_errors = store;
+        self
+    }
+
+    /// Scopes keys by principal (the authenticated user, a tenant): two principals sending
+    /// the same key never share a result. `None` is the anonymous principal. Runs after the
+    /// layers outside this one, so an authentication layer there can leave what it found in
+    /// the request's extensions.
+    pub fn principal<F>(mut self, principal: F) -> Self
+    where
+        F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
+    {
+        self.config.principal = Some(Arc::new(principal));
+        self
+    }
+
+    /// What a duplicate that arrives while the first request runs gets:
+    /// [`InProgress::Reject`] (the default) answers 409 with `Retry-After`;
+    /// [`InProgress::Wait`] waits for the first response (up to
+    /// [`wait_timeout`](Self::wait_timeout), then 409).
+    pub fn in_progress(mut self, mode: InProgress) -> Self {
+        self.config.in_progress = mode;
+        self
+    }
+
+    /// How long a duplicate waits in [`InProgress::Wait`] mode (default: the engine's).
+    pub fn wait_timeout(mut self, timeout: Duration) -> Self {
+        self.config.wait_timeout = Some(timeout);
+        self
+    }
+
+    /// How long responses are kept (default: the engine's ttl, 24 h unless set).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.config.ttl = Some(ttl);
+        self
+    }
+
+    /// The lease of a running request's claim (default: the engine's).
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = Some(lease);
+        self
+    }
+
+    /// The scope of the stored keys (default `idem_http`): give two services on one store
+    /// scopes of their own.
+    ///
+    /// # Panics
+    ///
+    /// When `scope` is not a valid key scope (empty, over 256 bytes, or with a `/`): a
+    /// mistake in the service's setup, not in a request, so it stops the service at startup
+    /// rather than answering every request 400.
+    pub fn scope(mut self, scope: impl Into<String>) -> Self {
+        let scope = scope.into();
+        if let Err(err) = idem_core::Key::new(scope.as_str(), "-") {
+            panic!("IdempotencyLayer::scope({scope:?}): {err}");
+        }
+        self.config.scope = scope;
+        self
+    }
+
+    /// A handle that waits for the guarded handlers still running, for a graceful shutdown.
+    pub fn drain_handle(&self) -> Drain {
+        Drain {
+            tracker: self.config.tracker.clone(),
+            draining: self.config.draining.clone(),
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for IdempotencyLayer {
+    type Service = IdempotencyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService::new(inner, Arc::new(self.config.clone()))
+    }
+}
+
+/// Waits for the guarded handlers of one [`IdempotencyLayer`] (and every service it made).
+///
+/// Guarded handlers run in tasks of their own, so that a client that disconnects cannot
+/// cancel one half way; a server that stops must then wait for them:
+///
+/// ```no_run
+/// # async fn f(layer: idem_http::IdempotencyLayer, serve: impl std::future::Future<Output = ()>) {
+/// let drain = layer.drain_handle();
+/// serve.await;           // e.g. axum::serve(...).with_graceful_shutdown(...)
+/// drain.drain().await;   // every guarded handler has finished and stored its response
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Drain {
+    tracker: TaskTracker,
+    draining: Arc<AtomicBool>,
+}
+
+impl Drain {
+    /// Refuses new guarded requests (503 with `Retry-After`, the handler does not run) and
+    /// waits until every guarded handler still running has finished.
+    pub async fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        self.tracker.close();
+        self.tracker.wait().await;
+    }
+
+    /// How many guarded handlers are running now.
+    pub fn in_flight(&self) -> usize {
+        self.tracker.len()
+    }
+}

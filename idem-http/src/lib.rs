@@ -1,0 +1,103 @@
+//! # idem-http: the `Idempotency-Key` header for tower and axum services
+//!
+//! [`IdempotencyLayer`] gives any tower service (an axum `Router`, a single route) the
+//! semantics of the IETF draft "The Idempotency-Key HTTP Header Field" on any idem store:
+//! a guarded request runs its handler once per key, and every retry gets the stored response.
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use bytes::Bytes;
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::{BodyExt, Full};
+//! use idem_core::Idem;
+//! use idem_http::IdempotencyLayer;
+//! use tower::{service_fn, Layer, ServiceExt};
+//! # use idem_stores::MemoryStore;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let layer = IdempotencyLayer::new(Idem::new(MemoryStore::new()));
+//! let service = layer.layer(service_fn(|_req: Request<Full<Bytes>>| async {
+//!     Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("charged"))))
+//! }));
+//! let charge = || {
+//!     Request::post("/charge")
+//!         .header("idempotency-key", "7c9e6679-7425-40de-944b-e07fc1f90ae7")
+//!         .body(Full::new(Bytes::from(r#"{"amount":1000}"#)))
+//!         .unwrap()
+//! };
+//! let first = service.clone().oneshot(charge()).await.unwrap();
+//! let retry = service.clone().oneshot(charge()).await.unwrap();
+//! assert_eq!(retry.headers()["idempotent-replayed"], "true");
+//! assert_eq!(retry.into_body().collect().await.unwrap().to_bytes(), "charged");
+//!
+//! let no_key = Request::post("/charge").body(Full::new(Bytes::new())).unwrap();
+//! let res = service.oneshot(no_key).await.unwrap();
+//! assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+//! # let _ = first;
+//! # }
+//! ```
+//!
+//! ## What a guarded request gets
+//!
+//! POST and PATCH are guarded by default; other methods pass through untouched. Every error
+//! is an RFC 9457 `application/problem+json` body ([`Problem`]) saying what was wrong.
+//!
+//! | request | response |
+//! | --- | --- |
+//! | first request with a key | the handler's response; stored (2xx, 3xx, 4xx; 5xx only with [`IdempotencyLayer::store_server_errors`]) |
+//! | same key, same method, path, query and body | the stored status, stored headers and body, `Idempotent-Replayed: true` |
+//! | same key while the first still runs | 409 with `Retry-After` (or the first's response, with [`InProgress::Wait`](idem_core::InProgress::Wait)) |
+//! | same key, another method, path, query or body | 422 |
+//! | no key, when required (the default) | 400 |
+//! | several keys, an empty key, a key over 255 characters, or not printable ASCII | 400 |
+//! | a body over [`IdempotencyLayer::max_body`] | 413; the handler does not run |
+//! | the store is unreachable | 503; the handler does not run |
+//! | the server is draining ([`Drain::drain`]) | 503 with `Retry-After` |
+//!
+//! A key is scoped by the principal ([`IdempotencyLayer::principal`]), so two users sending
+//! one key never share a response. The handler runs in a task of its own: a client that
+//! disconnects does not cancel it, and its retry gets the stored response. [`Drain`] lets a
+//! shutdown wait for handlers still running.
+//!
+//! ## Features
+//!
+//! - `axum`: [`IdempotencyKey`] as an extractor, and `IntoResponse` for [`IdemError`] and
+//!   [`Problem`], for handlers that use `#[idempotent]` directly.
+//! - `client`: `IdempotentClient`, the client half on `reqwest`: one key per logical
+//!   request, retried with the same key. `rustls` adds reqwest's rustls TLS.
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod config;
+mod future;
+mod key;
+mod layer;
+pub mod problem;
+mod service;
+mod stored;
+
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+mod extract;
+
+#[cfg(feature = "client")]
+#[cfg_attr(docsrs, doc(cfg(feature = "client")))]
+pub mod client;
+
+pub use config::{
+    DEFAULT_MAX_BODY, DEFAULT_SCOPE, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, MAX_KEY_LEN,
+};
+pub use future::ResponseFuture;
+pub use key::IdempotencyKey;
+pub use layer::{Drain, IdempotencyLayer};
+pub use problem::{IdemError, Problem};
+pub use service::IdempotencyService;
+pub use stored::StoredResponse;
+
+#[cfg(feature = "axum")]
+pub use extract::IdempotencyKeyRejection;
+
+#[cfg(feature = "client")]
+pub use client::{IdempotentClient, IdempotentRequest, RetryPolicy};
