@@ -42,11 +42,8 @@ async fn charge(idem: &Idem, runs: &AtomicU32, id: String, hang: bool) -> String
 /// `complete` calls once and prints its answer.
 #[tokio::test]
 async fn reliability_crash_child() {
-    let (Ok(mode), Ok(url), Ok(id)) = (
-        std::env::var(MODE),
-        std::env::var(URL),
-        std::env::var(ID),
-    ) else {
+    let (Ok(mode), Ok(url), Ok(id)) = (std::env::var(MODE), std::env::var(URL), std::env::var(ID))
+    else {
         return;
     };
     let idem = idem::connect(&url).await.unwrap();
@@ -109,7 +106,11 @@ async fn killed_in_the_body(backend: &str, url: &str) {
     .unwrap();
     if !started {
         let mut err = String::new();
-        hung.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+        hung.stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
         panic!("{backend}: the child never started its body:\n{err}");
     }
     let killed_at = Instant::now();
@@ -140,11 +141,22 @@ async fn killed_in_the_body(backend: &str, url: &str) {
         recovered_after >= LEASE - Duration::from_millis(200),
         "{backend}: taken over {recovered_after:?} after the kill, before the lease of {LEASE:?} ended"
     );
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "{backend}: runs after the takeover");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "{backend}: runs after the takeover"
+    );
     for _ in 0..3 {
-        assert_eq!(charge(&idem, &runs, id.clone(), false).await.unwrap(), value);
+        assert_eq!(
+            charge(&idem, &runs, id.clone(), false).await.unwrap(),
+            value
+        );
     }
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "{backend}: replays ran the body");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "{backend}: replays ran the body"
+    );
     // And another process replays it too, without running the body.
     let (answer, ran) = tokio::task::spawn_blocking({
         let (url, id) = (url.to_owned(), id.clone());
@@ -167,7 +179,10 @@ async fn survives_the_calling_process(backend: &str, url: &str) {
     .await
     .unwrap();
     assert!(first.1, "{backend}: the first process ran the body");
-    assert!(!second.1, "{backend}: the second process ran the body again");
+    assert!(
+        !second.1,
+        "{backend}: the second process ran the body again"
+    );
     assert_eq!(second.0, first.0, "{backend}: the second process's answer");
 }
 
@@ -248,7 +263,14 @@ impl OwnRedis {
     fn spawn(&mut self) {
         let child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
-            .args(["--save", "", "--appendonly", "yes", "--appendfsync", "always"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ])
             .args(["--protected-mode", "no"])
             .arg("--dir")
             .arg(self.dir.path())
@@ -330,7 +352,11 @@ async fn reliability_crash_redis_server_restart_keeps_results() {
         let got = got.unwrap_or_else(|e| panic!("{id} after the restart: {e:?}"));
         assert_eq!(&got, v, "{id} after the restart");
     }
-    assert_eq!(runs.load(Ordering::SeqCst), 20, "a body ran again after the restart");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        20,
+        "a body ran again after the restart"
+    );
     let (answer, ran) = tokio::task::spawn_blocking({
         let url = url.clone();
         move || complete_in_child(&url, "restart-0")
