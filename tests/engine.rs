@@ -953,37 +953,37 @@ async fn a_result_that_does_not_survive_its_codec_is_refused_and_not_rerun() {
     let (_, idem) = setup();
     let runs = AtomicU32::new(0);
     // JSON cannot encode a map with tuple keys.
-    for _ in 0..2 {
+    // The first call is refused; the claim it leaves held keeps a retry from running
+    // the side effect again until its lease ends.
+    for attempt in 0..2 {
         let out = idem
             .run(key("tuple-keys"), Fingerprint::NONE, || async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 std::collections::HashMap::from([((1u8, 2u8), 3u8)])
             })
             .await;
-        assert!(
-            matches!(
-                out,
-                Err(Error::Encode { .. }) | Err(Error::InProgress { .. })
-            ),
-            "{out:?}"
-        );
+        if attempt == 0 {
+            assert!(matches!(out, Err(Error::Encode { .. })), "{out:?}");
+        } else {
+            assert!(matches!(out, Err(Error::InProgress { .. })), "{out:?}");
+        }
     }
     // JSON writes NaN as null, which does not decode back into an f64: the first caller
     // would otherwise get a value that every replay fails to decode.
-    for _ in 0..2 {
+    // The first call is refused; the claim it leaves held keeps a retry from running
+    // the side effect again until its lease ends.
+    for attempt in 0..2 {
         let out = idem
             .run(key("nan"), Fingerprint::NONE, || async {
                 runs.fetch_add(1, Ordering::SeqCst);
                 f64::NAN
             })
             .await;
-        assert!(
-            matches!(
-                out,
-                Err(Error::Encode { .. }) | Err(Error::InProgress { .. })
-            ),
-            "{out:?}"
-        );
+        if attempt == 0 {
+            assert!(matches!(out, Err(Error::Encode { .. })), "{out:?}");
+        } else {
+            assert!(matches!(out, Err(Error::InProgress { .. })), "{out:?}");
+        }
     }
     assert_eq!(runs.load(Ordering::SeqCst), 2, "neither body ran twice");
 }
