@@ -1,7 +1,9 @@
-//! Crashes, through `#[idempotent]`: a process killed with SIGKILL in the middle of a body,
-//! a result that must outlive the process that stored it, and a Redis server killed and
-//! restarted under a running engine. The crashing processes are this test binary started
-//! again with `IDEM_CRASH_MODE` set (the test `reliability_crash_child`).
+//! Crashes, through `#[idempotent]`: a process killed with SIGKILL in the middle of a body;
+//! a result that must outlive the process that stored it; a Redis server of the test's own
+//! killed and restarted under a running engine; a Postgres server of the test's own
+//! stopped without a checkpoint (`pg_ctl stop -m immediate`) and recovered. The crashing
+//! processes are this test binary started again with `IDEM_CRASH_MODE` set (the test
+//! `reliability_crash_child`).
 //!
 //! ```text
 //! IDEM_REQUIRE_BACKENDS=1 IDEM_TEST_POSTGRES_URL=... IDEM_TEST_REDIS_URL=... \
@@ -368,4 +370,188 @@ async fn reliability_crash_redis_server_restart_keeps_results() {
     let key = Key::new(SCOPE, "restart-0").unwrap();
     assert!(idem.store().get(&key).await.unwrap().is_some());
     eprintln!("reliability crash redis-server: 20 results survived SIGKILL and restart");
+}
+
+// --- a Postgres server of the test's own, crashed and restarted ----------------------------
+
+/// A Postgres cluster in a temporary directory on a spare port (initdb'd by the test;
+/// as the `postgres` user when the test runs as root, since Postgres refuses root).
+struct OwnPostgres {
+    port: u16,
+    dir: tempfile::TempDir,
+    as_root: bool,
+}
+
+impl OwnPostgres {
+    fn command(&self, program: &str) -> Command {
+        if self.as_root {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--", program]);
+            c
+        } else {
+            Command::new(program)
+        }
+    }
+
+    fn data(&self) -> std::path::PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn start() -> OwnPostgres {
+        let as_root = Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+        let dir = tempfile::tempdir().unwrap();
+        if as_root {
+            let ok = Command::new("chown")
+                .arg("postgres")
+                .arg(dir.path())
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "chown postgres {:?}", dir.path());
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let pg = OwnPostgres { port, dir, as_root };
+        let out = pg
+            .command("initdb")
+            .arg("-D")
+            .arg(pg.data())
+            .args(["-U", "postgres", "--auth=trust", "-N"])
+            .output()
+            .expect("initdb is on PATH");
+        assert!(
+            out.status.success(),
+            "initdb: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        pg.spawn();
+        pg
+    }
+
+    fn spawn(&self) {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on",
+            self.port,
+            self.dir.path().display()
+        );
+        let out = self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(self.data())
+            .args(["-o", &options, "-l"])
+            .arg(self.dir.path().join("log"))
+            .args(["-w", "-t", "30", "start"])
+            .output()
+            .expect("pg_ctl is on PATH");
+        assert!(
+            out.status.success(),
+            "pg_ctl start: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// `pg_ctl stop -m immediate`: every process quits at once, no checkpoint; the next
+    /// start recovers from the write-ahead log, as after a crash.
+    fn crash(&self) {
+        let out = self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(self.data())
+            .args(["-m", "immediate", "-w", "stop"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "pg_ctl stop: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for OwnPostgres {
+    fn drop(&mut self) {
+        let _ = self
+            .command("pg_ctl")
+            .arg("-D")
+            .arg(self.data())
+            .args(["-m", "immediate", "-w", "stop"])
+            .output();
+    }
+}
+
+/// Results completed before the server crashed are replayed after its recovery, by the
+/// same engine (its pool reconnects) and by a new process; no body runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reliability_crash_postgres_server_restart_keeps_results() {
+    if backend_url("IDEM_TEST_POSTGRES_URL").is_none() {
+        return;
+    }
+    let server = tokio::task::spawn_blocking(OwnPostgres::start)
+        .await
+        .unwrap();
+    let url = server.url();
+    let idem = idem::connect(&url).await.unwrap();
+    let runs = AtomicU32::new(0);
+    let ids: Vec<String> = (0..20).map(|i| format!("pg-restart-{i}")).collect();
+    let mut values = Vec::new();
+    for id in &ids {
+        values.push(charge(&idem, &runs, id.clone(), false).await.unwrap());
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 20);
+
+    let server = tokio::task::spawn_blocking(move || {
+        server.crash();
+        server
+    })
+    .await
+    .unwrap();
+    let down = charge(&idem, &runs, "while-down".into(), false).await;
+    assert!(matches!(down, Err(Error::Store { .. })), "{down:?}");
+    let server = tokio::task::spawn_blocking(move || {
+        server.spawn();
+        server
+    })
+    .await
+    .unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for (id, v) in ids.iter().zip(&values) {
+        let got = loop {
+            match charge(&idem, &runs, id.clone(), false).await {
+                Err(Error::Store { .. }) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                other => break other,
+            }
+        };
+        let got = got.unwrap_or_else(|e| panic!("{id} after the restart: {e:?}"));
+        assert_eq!(&got, v, "{id} after the restart");
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        20,
+        "a body ran again after the restart"
+    );
+    let (answer, ran) = tokio::task::spawn_blocking({
+        let url = url.clone();
+        move || complete_in_child(&url, "pg-restart-0")
+    })
+    .await
+    .unwrap();
+    assert_eq!(answer, values[0]);
+    assert!(!ran, "a new process ran the body after the restart");
+    drop(server);
+    eprintln!(
+        "reliability crash postgres server: 20 results survived an immediate stop and recovery"
+    );
 }

@@ -12,7 +12,7 @@
 //!
 //! ```text
 //! cargo test -p idem-stores --all-features --test reliability_model
-//! IDEM_RELIABILITY_CASES=500 cargo test ... # more cases (default: 256 memory, 48 remote)
+//! IDEM_RELIABILITY_SCALE=4 cargo test ...   # 4 times the cases (default: 256 memory, 48 remote)
 //! ```
 //!
 //! A failure is shrunk to a short sequence, printed, and its seed is kept in
@@ -501,11 +501,13 @@ async fn run_case(
 
 static CASES: AtomicU64 = AtomicU64::new(0);
 
+/// `default` cases, times `IDEM_RELIABILITY_SCALE` (1 when unset; `.ci/run` sets more).
 fn cases(default: u32) -> u32 {
-    std::env::var("IDEM_RELIABILITY_CASES")
+    let scale: u32 = std::env::var("IDEM_RELIABILITY_SCALE")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(default)
+        .unwrap_or(1);
+    default * scale
 }
 
 fn scope(backend: &str) -> String {
