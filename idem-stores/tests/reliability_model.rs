@@ -665,3 +665,137 @@ fn reliability_model_redis_cluster() {
         Some(Arc::new(store) as Arc<dyn Store>)
     });
 }
+
+/// Sequences kept as explicit regression cases: the ones the model's first drafts got
+/// wrong or that sit on a leeway of the contract, run against the memory store on a paused
+/// clock (proptest's own seeds of any real failure go to `reliability_model.regressions`).
+#[test]
+fn reliability_model_regressions() {
+    use Op::*;
+    let cases: Vec<(&str, Vec<Op>)> = vec![
+        (
+            // A claim resent after its own lease ended takes the key over: a recovery.
+            "resent claim after its own lease ended",
+            vec![
+                Claim {
+                    client: 0,
+                    key: 0,
+                    fresh: true,
+                    fp: 0,
+                    lease: Span::Short,
+                },
+                Advance,
+                Claim {
+                    client: 0,
+                    key: 0,
+                    fresh: false,
+                    fp: 0,
+                    lease: Span::Long,
+                },
+            ],
+        ),
+        (
+            // Release by the token of a completed record whose ttl ended: nothing changes.
+            "release over an expired result",
+            vec![
+                Claim {
+                    client: 0,
+                    key: 0,
+                    fresh: true,
+                    fp: 1,
+                    lease: Span::Long,
+                },
+                Complete {
+                    client: 0,
+                    key: 0,
+                    ttl: Span::Short,
+                },
+                Advance,
+                Release { client: 0, key: 0 },
+                Get { key: 0 },
+                Claim {
+                    client: 1,
+                    key: 0,
+                    fresh: true,
+                    fp: 2,
+                    lease: Span::Long,
+                },
+            ],
+        ),
+        (
+            // A repeated complete keeps the first result; another token is fenced.
+            "repeated complete, then another token",
+            vec![
+                Claim {
+                    client: 0,
+                    key: 1,
+                    fresh: true,
+                    fp: 1,
+                    lease: Span::Long,
+                },
+                Complete {
+                    client: 0,
+                    key: 1,
+                    ttl: Span::Long,
+                },
+                Complete {
+                    client: 0,
+                    key: 1,
+                    ttl: Span::Short,
+                },
+                Complete {
+                    client: 1,
+                    key: 1,
+                    ttl: Span::Long,
+                },
+                Get { key: 1 },
+            ],
+        ),
+        (
+            // The holder whose lease was taken over cannot extend, complete or release.
+            "stale holder after a takeover",
+            vec![
+                Claim {
+                    client: 0,
+                    key: 0,
+                    fresh: true,
+                    fp: 1,
+                    lease: Span::Short,
+                },
+                Advance,
+                Claim {
+                    client: 1,
+                    key: 0,
+                    fresh: true,
+                    fp: 1,
+                    lease: Span::Long,
+                },
+                Extend {
+                    client: 0,
+                    key: 0,
+                    lease: Span::Long,
+                },
+                Complete {
+                    client: 0,
+                    key: 0,
+                    ttl: Span::Long,
+                },
+                Release { client: 0, key: 0 },
+                Get { key: 0 },
+                Delete { key: 0 },
+                Delete { key: 0 },
+            ],
+        ),
+    ];
+    for (name, ops) in cases {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let store = idem_stores::MemoryStore::new();
+        if let Err(e) = rt.block_on(run_case(&store, &scope("regression"), &ops, PAUSED)) {
+            panic!("{name}: {e}");
+        }
+    }
+}
