@@ -941,10 +941,26 @@ pub async fn engine_concurrent_duplicates_wait_for_one_run(store: Arc<dyn Store>
 /// ```text
 /// idem::conformance_tests!(memory, async { Some(idem::MemoryStore::new()) });
 /// ```
+///
+/// A store on tokio's clock (the memory store) can run the suite on a paused clock:
+/// `conformance_tests!(memory, paused, async { ... })` stamps
+/// `#[tokio::test(start_paused = true)]` tests instead, so that its leases and expiries
+/// end exactly when the suite says rather than after real sleeps.
 #[macro_export]
 macro_rules! conformance_tests {
+    ($backend:ident, paused, $make:expr) => {
+        $crate::__conformance_behaviours!(__conformance_tests!(
+            $backend,
+            $make,
+            (start_paused = true),
+        ));
+    };
     ($backend:ident, $make:expr) => {
-        $crate::__conformance_behaviours!(__conformance_tests!($backend, $make,));
+        $crate::__conformance_behaviours!(__conformance_tests!(
+            $backend,
+            $make,
+            (flavor = "multi_thread", worker_threads = 4),
+        ));
     };
 }
 
@@ -1006,12 +1022,12 @@ macro_rules! __behaviour_names {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __conformance_tests {
-    ($backend:ident, $make:expr, [$($name:ident),* $(,)?]) => {
+    ($backend:ident, $make:expr, $flavor:tt, [$($name:ident),* $(,)?]) => {
         mod $backend {
             #[allow(unused_imports)]
             use super::*;
             $(
-                #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                #[::tokio::test $flavor]
                 async fn $name() {
                     let Some(store) = ($make).await else { return };
                     let store: ::std::sync::Arc<dyn $crate::Store> = ::std::sync::Arc::new(store);
