@@ -1,7 +1,7 @@
 //! A payments service whose charge endpoint is safe to retry: one `.route_layer(...)` line.
 //!
 //! ```sh
-//! cargo run --example payments_service --features http-axum,sqlite
+//! cargo run --example payments_service
 //! ```
 //!
 //! `IDEM_STORE_URL` names the store (default: SQLite in a temporary file; `postgres://...`
@@ -18,7 +18,9 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use idem::http::{IdempotencyKey, IdempotencyLayer, Problem};
+// With the facade's `http-axum` feature these are `idem::http::...`; the example names the
+// crate itself so that it runs without feature flags.
+use idem_http::{IdempotencyKey, IdempotencyLayer, Problem};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Deserialize)]

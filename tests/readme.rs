@@ -59,6 +59,19 @@ fn program(block: &str) -> Option<String> {
             block,
         ));
     }
+    if block.contains("IdempotencyLayer::new(idem)") {
+        // The HTTP layer on an axum router, with the service's two handlers.
+        let prelude = r#"
+use axum::routing::{get, post};
+use axum::Router;
+use idem::http::IdempotencyLayer;
+async fn charge() -> &'static str { "charged" }
+async fn get_payment() -> &'static str { "payment" }
+"#;
+        return Some(format!(
+            "{APP}\n{prelude}\nfn example(idem: idem::Idem) -> Router {{\n{block}\napp\n}}\nfn main() {{}}\n"
+        ));
+    }
     if block.contains("conformance_tests!") {
         // Your own store's test file.
         let store = r#"
@@ -118,5 +131,5 @@ fn readme_examples_compile() {
         cases.pass(&path);
         compiled += 1;
     }
-    assert_eq!(compiled, 4, "the README's compilable examples");
+    assert_eq!(compiled, 5, "the README's compilable examples");
 }
