@@ -587,6 +587,38 @@ pub async fn release_repeated_with_same_token_is_ok(store: Arc<dyn Store>) {
     );
 }
 
+/// Deleting a key whose claim has ended leaves nothing of it: the old holder's late release
+/// then finds nothing (as a release repeated after a delete does), and the key is fresh.
+/// Found by the model-based test: a SQL store once kept the ended row, and answered that
+/// release with `Fenced`.
+pub async fn delete_of_an_ended_claim_leaves_nothing(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("delete-ended"), "k");
+    let t = acquire(&*store, &k, &fp(1), SHORT).await;
+    tokio::time::sleep(PAST_SHORT).await;
+    assert!(
+        !store.delete(&k).await.unwrap(),
+        "an ended claim is no record to delete"
+    );
+    store
+        .release(&k, t)
+        .await
+        .expect("after a delete, a late release finds nothing under the key");
+    assert!(store.get(&k).await.unwrap().is_none());
+    match store
+        .claim(&k, &fp(2), Token::random(), LONG)
+        .await
+        .unwrap()
+    {
+        Claim::Acquired { recovered, .. } => {
+            assert!(
+                !recovered,
+                "a deleted key is claimed afresh, not taken over"
+            )
+        }
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
 /// A stored result cannot be released by its former holder.
 pub async fn release_after_complete_is_fenced(store: Arc<dyn Store>) {
     let k = key(&unique_scope("release-completed"), "k");
@@ -993,6 +1025,7 @@ macro_rules! __conformance_behaviours {
             extend_repeated_with_same_token_is_ok,
             release_repeated_with_same_token_is_ok,
             release_after_complete_is_fenced,
+            delete_of_an_ended_claim_leaves_nothing,
             concurrent_claims_have_one_winner,
             empty_payload_round_trips,
             large_payload_round_trips,

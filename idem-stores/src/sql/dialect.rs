@@ -95,6 +95,9 @@ pub struct Statements {
     pub get: Sql,
     /// `delete(key)`: one row affected when a live record was deleted.
     pub delete: Sql,
+    /// `delete_ended(key)`: deletes the row of an ended record (after a `delete` that found
+    /// no live one), so that nothing of the key is left, as with every other store.
+    pub delete_ended: Sql,
     /// `purge(limit)`: deletes at most `limit` ended records.
     pub purge: Sql,
     /// The dialect's claim statements, which only its `claim` reads.

@@ -96,6 +96,9 @@ impl Dialect for MySql {
             delete: Sql::positional(&format!(
                 "DELETE FROM {t} WHERE `key` = $1 AND ends_at > {NOW_MS}"
             )),
+            delete_ended: Sql::positional(&format!(
+                "DELETE FROM {t} WHERE `key` = $1 AND ends_at <= {NOW_MS}"
+            )),
             purge: Sql::positional(&format!(
                 "DELETE FROM {t} WHERE ends_at <= {NOW_MS} ORDER BY ends_at LIMIT $1"
             )),

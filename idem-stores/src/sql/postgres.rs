@@ -94,6 +94,9 @@ impl Dialect for Postgres {
                  FROM {t} WHERE key = $1 AND ends_at > now()"
             )),
             delete: Sql::numbered(format!("DELETE FROM {t} WHERE key = $1 AND ends_at > now()")),
+            delete_ended: Sql::numbered(format!(
+                "DELETE FROM {t} WHERE key = $1 AND ends_at <= now()"
+            )),
             purge: Sql::numbered(format!(
                 "DELETE FROM {t} WHERE key IN (
                     SELECT key FROM {t} WHERE ends_at <= now() LIMIT $1 FOR UPDATE SKIP LOCKED

@@ -138,6 +138,9 @@ impl Dialect for Sqlite {
             extend: Sql::numbered(format!("UPDATE {t} SET ends_at = {NOW_MS} + ?3 WHERE {held}")),
             get: Sql::numbered(format!("SELECT {columns} FROM {t} WHERE key = ?1 AND ends_at > {NOW_MS}")),
             delete: Sql::numbered(format!("DELETE FROM {t} WHERE key = ?1 AND ends_at > {NOW_MS}")),
+            delete_ended: Sql::numbered(format!(
+                "DELETE FROM {t} WHERE key = ?1 AND ends_at <= {NOW_MS}"
+            )),
             purge: Sql::numbered(format!(
                 "DELETE FROM {t} WHERE rowid IN (SELECT rowid FROM {t} WHERE ends_at <= {NOW_MS} LIMIT ?1)"
             )),

@@ -298,12 +298,20 @@ impl<D: Dialect> Store for SqlStore<D> {
     }
 
     async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
-        // Deletes the live record only: an ended one is no record to a caller, and purge
-        // or the next claim takes care of it.
+        // The answer is whether a live record was there; an ended one is no record to a
+        // caller. Its row goes too (a second statement, only when there was no live one):
+        // left behind, it would answer its old holder's release with `Fenced` where every
+        // other store, having nothing under the key, answers `Ok` (found by the model test).
         let done = D::execute(&self.pool, &self.sql.delete, vec![D::key(key)])
             .await
             .map_err(|e| self.error(e))?;
-        Ok(D::rows_affected(&done) == 1)
+        if D::rows_affected(&done) == 1 {
+            return Ok(true);
+        }
+        D::execute(&self.pool, &self.sql.delete_ended, vec![D::key(key)])
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(false)
     }
 
     /// Every dialect keeps an ended claim's row until it is taken over or purged.
