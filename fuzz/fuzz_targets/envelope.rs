@@ -33,7 +33,7 @@ where
         .await
         .unwrap();
     let out: Result<T, Error> = idem
-        .call(key.clone())
+        .call(key.clone(), Fingerprint::NONE)
         .run(|| async { panic!("a completed record made the body run") })
         .await;
     match out {
