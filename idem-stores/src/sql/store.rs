@@ -91,6 +91,10 @@ impl<D: Dialect> SqlStore<D> {
         self.table.to_string()
     }
 
+    pub(crate) fn table_name(&self) -> &TableName {
+        &self.table
+    }
+
     pub(crate) fn statements(&self) -> &Statements {
         &self.sql
     }
