@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idem::stores::PostgresStore;
-use idem::testing::backend_url;
 use idem::Idem;
+use idem_core::testing::backend_url;
 use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, QueueDeclareOptions,
     QueueDeleteOptions,
