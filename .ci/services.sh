@@ -51,6 +51,27 @@ ensure_redis() {
   return 1
 }
 
+# RabbitMQ (the consumer tests): guest/guest on 127.0.0.1:5672. Up means the AMQP port
+# answers, not only the node: the tests connect there.
+_rabbitmq_port_open() {
+  (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null
+}
+
+ensure_rabbitmq() {
+  if _rabbitmq_port_open; then
+    echo "rabbitmq: up"
+    return
+  fi
+  echo "rabbitmq: down, starting it"
+  rabbitmq-server -detached
+  for _ in $(seq 1 60); do
+    _rabbitmq_port_open && { echo "rabbitmq: up"; return; }
+    sleep 1
+  done
+  echo "rabbitmq: did not come up within 60 s" >&2
+  return 1
+}
+
 # A 3-node Redis Cluster on spare ports in a temporary directory; sets REDIS_CLUSTER_URLS
 # (`redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`, what idem's connect() and the
 # cluster tests read from IDEM_TEST_REDIS_CLUSTER). Nothing is kept on disk but the nodes'

@@ -61,10 +61,11 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 
+pub use idem_core::dedup;
 pub use idem_core::outcome;
 pub use idem_core::{async_trait, digest_hex, Bytes};
 pub use idem_core::{
-    codec, BoxError, BuiltinCodec, Call, Capabilities, Claim, Codec, DecodeError, Error,
+    codec, BoxError, BuiltinCodec, Call, Capabilities, Claim, Codec, DecodeError, Delivery, Error,
     Fingerprint, Idem, IdemBuilder, InProgress, Json, Key, MissingKey, Origin, Outcome,
     ReadableKeyId, Record, Store, StoreError, StoreWrapper, Token, DEFAULT_LEASE,
     DEFAULT_STEP_TIMEOUT, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,

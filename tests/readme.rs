@@ -72,6 +72,14 @@ async fn get_payment() -> &'static str { "payment" }
             "{APP}\n{prelude}\nfn example(idem: idem::Idem) -> Router {{\n{block}\napp\n}}\nfn main() {{}}\n"
         ));
     }
+    if block.contains("mark_processed_in") {
+        // The transactional dedup of a consumer, on a Postgres store.
+        return Some(in_async_fn(
+            "store: idem::stores::PostgresStore, key: idem::Key, ttl: std::time::Duration, order_id: String",
+            "use idem::Delivery;",
+            block,
+        ));
+    }
     if block.contains("conformance_tests!") {
         // Your own store's test file.
         let store = r#"
@@ -131,5 +139,5 @@ fn readme_examples_compile() {
         cases.pass(&path);
         compiled += 1;
     }
-    assert_eq!(compiled, 5, "the README's compilable examples");
+    assert_eq!(compiled, 6, "the README's compilable examples");
 }

@@ -112,6 +112,31 @@ pub(crate) fn decode_payload<C: Codec, T: DeserializeOwned>(
         })
 }
 
+/// Seals `value` as the engine stores a call's successful result: the envelope of
+/// `codec`, kind value, result `version`. For a store written outside the engine (a
+/// dedup record written in the user's own SQL transaction) whose record the engine must
+/// then replay as if a call had stored it.
+pub fn seal_value<C: Codec, T: Serialize + ?Sized>(
+    codec: &C,
+    version: u64,
+    value: &T,
+) -> Result<Vec<u8>, BoxError> {
+    seal(codec, Kind::Value, version, value)
+}
+
+/// Opens a record the engine (or [`seal_value`]) stored and decodes its value. A record
+/// holding a cached error is [`DecodeError::UnexpectedError`].
+pub fn open_value<C: Codec, T: DeserializeOwned>(
+    codec: &C,
+    version: u64,
+    bytes: &[u8],
+) -> Result<T, DecodeError> {
+    match open(codec, version, bytes)? {
+        (Kind::Value, payload) => decode_payload(codec, payload),
+        (Kind::Error, _) => Err(DecodeError::UnexpectedError),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,6 +10,7 @@
 
 mod cache;
 pub mod codec;
+pub mod dedup;
 mod digest;
 mod engine;
 pub mod envelope;
@@ -28,6 +29,7 @@ pub mod private;
 pub use async_trait::async_trait;
 pub use bytes::Bytes;
 pub use codec::{BuiltinCodec, Codec, Json};
+pub use dedup::Delivery;
 pub use digest::digest_hex;
 pub use engine::outcome;
 pub use engine::{

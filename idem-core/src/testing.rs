@@ -963,6 +963,87 @@ pub async fn engine_concurrent_duplicates_wait_for_one_run(store: Arc<dyn Store>
     );
 }
 
+/// Consumer dedup: the first mark of a key is [`Delivery::First`](crate::Delivery::First),
+/// every later one [`Delivery::Duplicate`](crate::Delivery::Duplicate); a handler run
+/// through `consume` runs once, and its key then reads as processed to `mark_processed`.
+pub async fn dedup_marks_once_and_tells_duplicates(store: Arc<dyn Store>) {
+    use crate::Delivery;
+    let idem = Idem::builder().shared_store(store).build().unwrap();
+    let scope = unique_scope("dedup");
+    let k = key(&scope, "orders:3:1042");
+    assert!(!idem.is_processed(&k).await.unwrap());
+    assert_eq!(
+        idem.mark_processed(k.clone()).await.unwrap(),
+        Delivery::First
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            idem.mark_processed(k.clone()).await.unwrap(),
+            Delivery::Duplicate
+        );
+    }
+    assert!(idem.is_processed(&k).await.unwrap());
+    // Another key of the same scope is its own message.
+    let other = key(&scope, "orders:3:1043");
+    assert_eq!(idem.mark_processed(other).await.unwrap(), Delivery::First);
+
+    let runs = AtomicU64::new(0);
+    let handled = key(&scope, "order-confirmation:o-7:1");
+    let mut deliveries = Vec::new();
+    for _ in 0..3 {
+        let outcome = idem
+            .consume(handled.clone())
+            .run(|| async {
+                runs.fetch_add(1, Ordering::SeqCst);
+            })
+            .await
+            .unwrap();
+        deliveries.push(Delivery::of(outcome.origin()));
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        deliveries,
+        [Delivery::First, Delivery::Duplicate, Delivery::Duplicate]
+    );
+    assert_eq!(
+        idem.mark_processed(handled).await.unwrap(),
+        Delivery::Duplicate
+    );
+}
+
+/// Consumer dedup under real concurrency: 20 deliveries of one key marked at once, exactly
+/// one is the first.
+pub async fn dedup_concurrent_deliveries_have_one_first(store: Arc<dyn Store>) {
+    use crate::Delivery;
+    let idem = Idem::builder().shared_store(store).build().unwrap();
+    let k = key(&unique_scope("dedup-concurrent"), "msg-1");
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let idem = idem.clone();
+        let k = k.clone();
+        tasks.push(tokio::spawn(async move {
+            // A duplicate that finds the first still running retries, as a consumer
+            // requeueing it would.
+            loop {
+                match idem.mark_processed(k.clone()).await {
+                    Err(Error::InProgress { .. }) => tokio::task::yield_now().await,
+                    other => return other.unwrap(),
+                }
+            }
+        }));
+    }
+    let mut firsts = 0;
+    for t in tasks {
+        if t.await.unwrap() == Delivery::First {
+            firsts += 1;
+        }
+    }
+    assert_eq!(
+        firsts, 1,
+        "exactly one of 20 concurrent deliveries is the first"
+    );
+}
+
 /// Stamps one `#[tokio::test]` per conformance behaviour into a module named `$backend`.
 ///
 /// `$make` is an expression, evaluated once per test, of a future that yields
@@ -1040,6 +1121,8 @@ macro_rules! __conformance_behaviours {
             engine_runs_once_and_replays,
             engine_undecodable_result_is_a_decode_error_naming_the_key,
             engine_concurrent_duplicates_wait_for_one_run,
+            dedup_marks_once_and_tells_duplicates,
+            dedup_concurrent_deliveries_have_one_first,
         ]}
     };
 }

@@ -38,6 +38,9 @@ pub use sql::postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sql::sqlite::{SqliteStore, SqliteStoreBuilder};
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
+pub use sql::Transactional;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 #[cfg_attr(
     docsrs,

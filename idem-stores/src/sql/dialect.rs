@@ -235,6 +235,20 @@ pub trait Driver: Database {
         args: Vec<Arg>,
     ) -> BoxFuture<'a, Result<Option<Self::Row>, sqlx::Error>>;
 
+    /// Runs `sql` with `args` on one connection (the caller's, inside its transaction).
+    fn execute_on<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Sql,
+        args: Vec<Arg>,
+    ) -> BoxFuture<'a, Result<Self::QueryResult, sqlx::Error>>;
+
+    /// Runs `sql` with `args` on one connection; its first row, if any.
+    fn fetch_optional_on<'a>(
+        conn: &'a mut Self::Connection,
+        sql: &'a Sql,
+        args: Vec<Arg>,
+    ) -> BoxFuture<'a, Result<Option<Self::Row>, sqlx::Error>>;
+
     /// Runs plain SQL text on one connection.
     fn execute_raw<'a>(
         conn: &'a mut Self::Connection,
@@ -283,6 +297,26 @@ where
         Box::pin(async move {
             bind(&sql.text, sql.arrange(args))
                 .fetch_optional(pool)
+                .await
+        })
+    }
+
+    fn execute_on<'a>(
+        conn: &'a mut DB::Connection,
+        sql: &'a Sql,
+        args: Vec<Arg>,
+    ) -> BoxFuture<'a, Result<DB::QueryResult, sqlx::Error>> {
+        Box::pin(async move { bind(&sql.text, sql.arrange(args)).execute(conn).await })
+    }
+
+    fn fetch_optional_on<'a>(
+        conn: &'a mut DB::Connection,
+        sql: &'a Sql,
+        args: Vec<Arg>,
+    ) -> BoxFuture<'a, Result<Option<DB::Row>, sqlx::Error>> {
+        Box::pin(async move {
+            bind(&sql.text, sql.arrange(args))
+                .fetch_optional(conn)
                 .await
         })
     }

@@ -20,9 +20,13 @@ pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod store;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod tx;
 
 pub use builder::SqlStoreBuilder;
 pub use store::SqlStore;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub use tx::Transactional;
 
 /// The table a store uses unless told otherwise.
 pub const DEFAULT_TABLE: &str = "idem_records";

@@ -32,7 +32,7 @@ pub const SCHEMA_VERSION: i32 = 1;
 pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The database's clock in milliseconds since the Unix epoch.
-const NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+pub(crate) const NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
 /// Idempotency records in a SQLite file (table `idem_records` by default), on a sqlx
 /// [`SqlitePool`](sqlx::SqlitePool): the generic [`SqlStore`] in the SQLite dialect.

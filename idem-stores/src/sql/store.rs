@@ -91,6 +91,12 @@ impl<D: Dialect> SqlStore<D> {
         self.table.to_string()
     }
 
+    // For the transactional dedup (`tx.rs`), which MySQL does not offer.
+    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+    pub(crate) fn table_name(&self) -> &TableName {
+        &self.table
+    }
+
     pub(crate) fn statements(&self) -> &Statements {
         &self.sql
     }

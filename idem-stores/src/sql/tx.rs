@@ -1,0 +1,204 @@
+//! Transactional dedup: a completed record written inside the caller's own sqlx
+//! transaction, so that it commits or rolls back together with the business write.
+//!
+//! No lease and no second connection: one `INSERT ... ON CONFLICT` on the caller's
+//! connection, whose row count tells the first delivery from a duplicate. The row is the
+//! store's own (same table, same key encoding, the same JSON envelope the engine writes),
+//! so the lease-based path (`Idem::consume`, `Idem::mark_processed`, `#[idempotent]` with
+//! `fingerprint = none`) and this one see each other's records.
+//!
+//! **When to use which.** Use this path when every effect of the handler is a write to the
+//! same database as the store: the effect and the dedup record are then one atomic unit,
+//! exactly once with no lease and nothing to recover (a crash before the commit leaves
+//! neither; the redelivery does the work). Use the lease-based path when an effect leaves the
+//! database (an email, a payment provider, an HTTP call): no transaction can roll those back,
+//! so what keeps a second consumer from repeating them is the lease and the stored result.
+
+use std::time::Duration;
+
+use idem_core::envelope::{open_value, seal_value};
+use idem_core::{
+    Claim, Codec, Delivery, Error, Fingerprint, Json, Key, Origin, Outcome, StoreError, Token,
+};
+use serde::{de::DeserializeOwned, Serialize};
+
+use super::dialect::{Arg, Col, Dialect, Sql};
+use super::{millis, token_to_db, SqlStore, TableName, CLAIM_ATTEMPTS};
+
+/// A SQL dialect whose records can be written inside the caller's transaction: Postgres
+/// and SQLite. (MySQL's `ON DUPLICATE KEY UPDATE` has no `WHERE`, and its row count does
+/// not tell an untouched row apart under sqlx's `FOUND_ROWS`; it is left out.)
+pub trait Transactional: Dialect {
+    /// `INSERT` of a completed record (key `$1`, fingerprint `$2`, token `$3`, payload `$4`,
+    /// ttl `$5` ms) that also takes over an ended record, and affects no row when a live
+    /// record is under the key.
+    fn insert_completed(table: &TableName) -> Sql;
+}
+
+#[cfg(feature = "postgres")]
+impl Transactional for sqlx::Postgres {
+    fn insert_completed(table: &TableName) -> Sql {
+        let t = table.quoted();
+        Sql::numbered(format!(
+            "INSERT INTO {t} AS r (key, fingerprint, token, completed, payload, ends_at)
+             VALUES ($1, $2, $3, true, $4, clock_timestamp() + $5 * interval '1 millisecond')
+             ON CONFLICT (key) DO UPDATE
+                SET fingerprint = excluded.fingerprint, token = excluded.token, completed = true,
+                    payload = excluded.payload, ends_at = excluded.ends_at
+                WHERE r.ends_at <= now()"
+        ))
+    }
+}
+
+#[cfg(feature = "sqlite")]
+impl Transactional for sqlx::Sqlite {
+    fn insert_completed(table: &TableName) -> Sql {
+        let t = table.quoted();
+        let now = super::sqlite::NOW_MS;
+        Sql::numbered(format!(
+            "INSERT INTO {t} (key, fingerprint, token, completed, payload, ends_at)
+             VALUES (?1, ?2, ?3, 1, ?4, {now} + ?5)
+             ON CONFLICT (key) DO UPDATE
+                SET fingerprint = excluded.fingerprint, token = excluded.token, completed = 1,
+                    payload = excluded.payload, ends_at = excluded.ends_at
+                WHERE {t}.ends_at <= {now}"
+        ))
+    }
+}
+
+impl<D: Transactional> SqlStore<D> {
+    /// Marks `key` processed inside the caller's transaction (`&mut *tx` for a
+    /// `sqlx::Transaction`, or a plain connection) for `ttl`: [`Delivery::First`] when this
+    /// statement wrote the record, [`Delivery::Duplicate`] when a completed one was there.
+    /// The record commits or rolls back with the transaction; until it commits, a
+    /// concurrent transaction marking the same key waits for it (Postgres: on the key's
+    /// index entry; SQLite: on the write lock), then sees it.
+    ///
+    /// Do the business write in the same transaction, and only when this answers
+    /// [`Delivery::First`]; commit, then ack the message. A key a lease-based call still
+    /// holds is [`Error::InProgress`]: roll back and requeue the message.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: idem::stores::PostgresStore, order_id: i64) -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use idem::{Delivery, Key};
+    /// let key = Key::new("shipping.consumer", format!("order-shipped:{order_id}"))?;
+    /// let mut tx = store.pool().begin().await?;
+    /// if store.mark_processed_in(&mut *tx, &key, Duration::from_secs(7 * 24 * 3600)).await? == Delivery::First {
+    ///     sqlx::query("INSERT INTO shipments (order_id) VALUES ($1)")
+    ///         .bind(order_id)
+    ///         .execute(&mut *tx)
+    ///         .await?;
+    /// }
+    /// tx.commit().await?; // then ack
+    /// # Ok(()) }
+    /// ```
+    pub async fn mark_processed_in(
+        &self,
+        conn: &mut D::Connection,
+        key: &Key,
+        ttl: Duration,
+    ) -> Result<Delivery, Error> {
+        let outcome = self
+            .save_result_in(conn, key, Fingerprint::NONE, &(), ttl)
+            .await?;
+        Ok(Delivery::of(outcome.origin()))
+    }
+
+    /// Stores `value` as the completed result of `key` (with `fingerprint`, for `ttl`)
+    /// inside the caller's transaction, as the engine would have stored it (JSON codec,
+    /// result version 0). The first time the answer is `value` as decoded from its stored
+    /// bytes, with [`Origin::Ran`]; when a completed record is there already, its stored
+    /// value with [`Origin::Store`], and nothing is written. A lease-based call with the
+    /// same key, fingerprint and result type replays it, and the other way round.
+    ///
+    /// Errors: [`Error::KeyReuse`] when the record there has another fingerprint (neither
+    /// being [`Fingerprint::NONE`]); [`Error::InProgress`] when a lease-based call holds
+    /// the key; [`Error::Encode`] when `value` does not come back unchanged through JSON
+    /// (compared by its JSON encoding), [`Error::Decode`] when the stored record is not
+    /// such a value; [`Error::Store`] when the database fails (the transaction is then
+    /// aborted on Postgres: roll it back).
+    pub async fn save_result_in<T>(
+        &self,
+        conn: &mut D::Connection,
+        key: &Key,
+        fingerprint: Fingerprint,
+        value: &T,
+        ttl: Duration,
+    ) -> Result<Outcome<T>, Error>
+    where
+        T: Serialize + DeserializeOwned,
+    {
+        let encode = |source| Error::Encode {
+            key: key.clone(),
+            source,
+        };
+        let decode = |source| Error::Decode {
+            key: key.clone(),
+            source,
+        };
+        let store = |source| Error::Store {
+            key: key.clone(),
+            source,
+        };
+        let sealed = seal_value(&Json, 0, value).map_err(encode)?;
+        let decoded: T = open_value(&Json, 0, &sealed).map_err(decode)?;
+        // Checked before anything is written, as the engine refuses such a value.
+        let same = Json.encode(value).ok() == Json.encode(&decoded).ok();
+        if !same {
+            return Err(encode(
+                "the value does not come back unchanged through the JSON codec".into(),
+            ));
+        }
+        let insert = D::insert_completed(self.table_name());
+        for _ in 0..CLAIM_ATTEMPTS {
+            let args = vec![
+                D::key(key),
+                Arg::Bytes(fingerprint.as_bytes().to_vec()),
+                Arg::Int(token_to_db(Token::random())),
+                Arg::Bytes(sealed.clone()),
+                Arg::Int(millis(ttl)),
+            ];
+            let done = D::execute_on(conn, &insert, args)
+                .await
+                .map_err(|e| store(self.error(e)))?;
+            if D::rows_affected(&done) == 1 {
+                return Ok(Outcome::new(decoded, Origin::Ran));
+            }
+            // A live record is there: read it on the same connection, so a record this
+            // transaction wrote earlier counts too.
+            let row = D::fetch_optional_on(conn, &self.statements().get, vec![D::key(key)])
+                .await
+                .map_err(|e| store(self.error(e)))?;
+            // Gone since the insert (deleted, or ended at this instant): insert again.
+            let Some(row) = row else { continue };
+            let completed =
+                D::flag(&row, Col::Name("completed")).map_err(|e| store(self.error(e)))?;
+            let live = self.live_row(&row, completed).map_err(store)?;
+            return match live.into_claim(D::BACKEND).map_err(store)? {
+                Claim::InProgress { retry_after, .. } => Err(Error::InProgress {
+                    key: key.clone(),
+                    retry_after,
+                }),
+                Claim::Completed {
+                    fingerprint: stored,
+                    payload,
+                } => {
+                    if stored != fingerprint
+                        && stored != Fingerprint::NONE
+                        && fingerprint != Fingerprint::NONE
+                    {
+                        return Err(Error::KeyReuse { key: key.clone() });
+                    }
+                    let value: T = open_value(&Json, 0, &payload).map_err(decode)?;
+                    Ok(Outcome::new(value, Origin::Store))
+                }
+                _ => Err(store(StoreError::Corrupt {
+                    backend: D::BACKEND,
+                    reason: "reading a record answered a claim".into(),
+                })),
+            };
+        }
+        Err(store(super::NoAnswer::error(D::BACKEND)))
+    }
+}

@@ -1,0 +1,306 @@
+//! Transactional dedup (`SqlStore::mark_processed_in`, `save_result_in`) on Postgres
+//! (`IDEM_TEST_POSTGRES_URL`, skipped with a message when unset, a failure when
+//! `IDEM_REQUIRE_BACKENDS=1`) and SQLite (a temporary file, always). Each test has a table
+//! of its own (Postgres: a schema of its own, dropped at the end). The same tests are
+//! stamped for both dialects by `transactional_tests!`.
+#![cfg(all(feature = "postgres", feature = "sqlite"))]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A store (migrated) and the name of an effect table beside its records, with what
+/// keeps them alive and cleans up.
+pub struct Fixture<D: idem_stores::Transactional> {
+    pub store: idem_stores::SqlStore<D>,
+    pub effects: String,
+    cleanup: Option<(String, String)>,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl<D: idem_stores::Transactional> Drop for Fixture<D> {
+    fn drop(&mut self) {
+        if let Some((url, schema)) = self.cleanup.take() {
+            // From a thread and a connection of its own: the test's runtime is blocked
+            // here, and the pool's connections belong to it.
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    use sqlx::Connection;
+                    let Ok(mut conn) = sqlx::PgConnection::connect(&url).await else {
+                        return;
+                    };
+                    let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                        .execute(&mut conn)
+                        .await;
+                });
+            })
+            .join()
+            .unwrap();
+        }
+    }
+}
+
+static N: AtomicU64 = AtomicU64::new(0);
+
+fn unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "{prefix}_{nanos:x}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+async fn postgres() -> Option<Fixture<sqlx::Postgres>> {
+    let url = idem_core::testing::backend_url("IDEM_TEST_POSTGRES_URL")?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(12)
+        .connect(&url)
+        .await
+        .unwrap();
+    let schema = unique("idem_tx");
+    sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let effects = format!("\"{schema}\".effects");
+    sqlx::query(&format!(
+        "CREATE TABLE {effects} (message text PRIMARY KEY, body text NOT NULL)"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let store = idem_stores::PostgresStore::new(pool.clone())
+        .with_table(&format!("{schema}.idem_records"))
+        .unwrap();
+    store.migrate().await.unwrap();
+    Some(Fixture {
+        store,
+        effects,
+        cleanup: Some((url, schema)),
+        _dir: None,
+    })
+}
+
+async fn sqlite() -> Option<Fixture<sqlx::Sqlite>> {
+    let dir = tempfile::tempdir().unwrap();
+    let store = idem_stores::SqliteStore::open(dir.path().join("idem.db"))
+        .await
+        .unwrap();
+    // No primary key on the effect: a second row for a message must be countable, not an
+    // error that would hide a missing dedup.
+    sqlx::query("CREATE TABLE effects (message text NOT NULL, body text NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    Some(Fixture {
+        store,
+        effects: "effects".into(),
+        cleanup: None,
+        _dir: Some(dir),
+    })
+}
+
+macro_rules! transactional_tests {
+    ($backend:ident, $fresh:expr) => {
+        mod $backend {
+            use std::sync::Arc;
+            use std::time::Duration;
+
+            use idem_core::{Claim, Delivery, Error, Fingerprint, Idem, Key, Origin, Store, Token};
+
+            const DAY: Duration = Duration::from_secs(24 * 3600);
+
+            fn key(id: &str) -> Key {
+                Key::new("consumer.tx", id).unwrap()
+            }
+
+            #[tokio::test]
+            async fn consumer_tx_commit_is_first_then_duplicate_on_both_paths() {
+                let Some(f) = $fresh.await else { return };
+                let k = key("orders:0:1");
+                let mut tx = f.store.pool().begin().await.unwrap();
+                let first = f.store.mark_processed_in(&mut *tx, &k, DAY).await.unwrap();
+                assert_eq!(first, Delivery::First);
+                // Within the same transaction the record is already there.
+                let again = f.store.mark_processed_in(&mut *tx, &k, DAY).await.unwrap();
+                assert_eq!(again, Delivery::Duplicate);
+                tx.commit().await.unwrap();
+
+                let mut tx = f.store.pool().begin().await.unwrap();
+                let later = f.store.mark_processed_in(&mut *tx, &k, DAY).await.unwrap();
+                assert_eq!(later, Delivery::Duplicate);
+                tx.rollback().await.unwrap();
+
+                // The lease-based path reads the same record.
+                let idem = Idem::new(f.store.clone());
+                assert!(idem.is_processed(&k).await.unwrap());
+                assert_eq!(
+                    idem.mark_processed(k.clone()).await.unwrap(),
+                    Delivery::Duplicate
+                );
+                let ran = idem.consume(k).run(|| async {}).await.unwrap();
+                assert_eq!(ran.origin(), Origin::Store);
+            }
+
+            #[tokio::test]
+            async fn consumer_tx_rollback_leaves_no_record() {
+                let Some(f) = $fresh.await else { return };
+                let k = key("orders:0:2");
+                let mut tx = f.store.pool().begin().await.unwrap();
+                let first = f.store.mark_processed_in(&mut *tx, &k, DAY).await.unwrap();
+                assert_eq!(first, Delivery::First);
+                tx.rollback().await.unwrap();
+
+                let idem = Idem::new(f.store.clone());
+                assert!(!idem.is_processed(&k).await.unwrap());
+                // The redelivery does the work.
+                let mut tx = f.store.pool().begin().await.unwrap();
+                let redelivered = f.store.mark_processed_in(&mut *tx, &k, DAY).await.unwrap();
+                assert_eq!(redelivered, Delivery::First);
+                tx.commit().await.unwrap();
+                assert!(idem.is_processed(&k).await.unwrap());
+            }
+
+            #[tokio::test]
+            async fn consumer_tx_sees_lease_path_records() {
+                let Some(f) = $fresh.await else { return };
+                let idem = Idem::new(f.store.clone());
+                let marked = key("msg-marked");
+                assert_eq!(
+                    idem.mark_processed(marked.clone()).await.unwrap(),
+                    Delivery::First
+                );
+                let handled = key("msg-handled");
+                let ran = idem
+                    .consume(handled.clone())
+                    .run(|| async {})
+                    .await
+                    .unwrap();
+                assert_eq!(ran.origin(), Origin::Ran);
+                // A claim still held by a lease-based call is neither: in progress. (Taken
+                // before the transaction begins: SQLite has one writer at a time.)
+                let held = key("msg-held");
+                let claim = f
+                    .store
+                    .claim(
+                        &held,
+                        &Fingerprint::NONE,
+                        Token::random(),
+                        Duration::from_secs(30),
+                    )
+                    .await
+                    .unwrap();
+                assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");
+                let mut tx = f.store.pool().begin().await.unwrap();
+                for k in [&marked, &handled] {
+                    let seen = f.store.mark_processed_in(&mut *tx, k, DAY).await.unwrap();
+                    assert_eq!(seen, Delivery::Duplicate, "{k}");
+                }
+                let err = f
+                    .store
+                    .mark_processed_in(&mut *tx, &held, DAY)
+                    .await
+                    .unwrap_err();
+                assert!(matches!(err, Error::InProgress { .. }), "{err:?}");
+                tx.rollback().await.unwrap();
+            }
+
+            #[tokio::test]
+            async fn consumer_tx_saved_result_replays_through_the_engine() {
+                let Some(f) = $fresh.await else { return };
+                let k = key("invoice-7");
+                let fp = Fingerprint::of(&("invoice", 7u32));
+                let receipt = "receipt-7".to_string();
+                let mut tx = f.store.pool().begin().await.unwrap();
+                let saved = f
+                    .store
+                    .save_result_in(&mut *tx, &k, fp, &receipt, DAY)
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    (saved.origin(), saved.value().as_str()),
+                    (Origin::Ran, "receipt-7")
+                );
+                tx.commit().await.unwrap();
+
+                let idem = Idem::new(f.store.clone());
+                let replayed: String = idem
+                    .call(k.clone(), fp)
+                    .run(|| async { panic!("the engine must replay the saved result") })
+                    .await
+                    .unwrap();
+                assert_eq!(replayed, "receipt-7");
+                let mut tx = f.store.pool().begin().await.unwrap();
+                let other = "receipt-8".to_string();
+                let again = f
+                    .store
+                    .save_result_in(&mut *tx, &k, fp, &other, DAY)
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    (again.origin(), again.value().as_str()),
+                    (Origin::Store, "receipt-7")
+                );
+                let reuse = f
+                    .store
+                    .save_result_in(&mut *tx, &k, Fingerprint::of(&8u8), &other, DAY)
+                    .await
+                    .unwrap_err();
+                assert!(matches!(reuse, Error::KeyReuse { .. }), "{reuse:?}");
+                tx.rollback().await.unwrap();
+            }
+
+            /// Eight transactions on one key at once, each writing its effect only when it
+            /// is the first: one first, one effect row.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn consumer_tx_concurrent_transactions_write_one_effect() {
+                let Some(f) = $fresh.await else { return };
+                let f = Arc::new(f);
+                let k = key("orders:1:99");
+                let barrier = Arc::new(tokio::sync::Barrier::new(8));
+                let mut tasks = Vec::new();
+                for i in 0..8 {
+                    let (f, k, barrier) = (f.clone(), k.clone(), barrier.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let mut conn = f.store.pool().acquire().await.unwrap();
+                        barrier.wait().await;
+                        let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+                        let d = f.store.mark_processed_in(&mut *tx, &k, DAY).await.unwrap();
+                        if d == Delivery::First {
+                            sqlx::query(&format!(
+                                "INSERT INTO {} (message, body) VALUES ('orders:1:99', 'by {i}')",
+                                f.effects
+                            ))
+                            .execute(&mut *tx)
+                            .await
+                            .unwrap();
+                        }
+                        tx.commit().await.unwrap();
+                        d
+                    }));
+                }
+                let mut firsts = 0;
+                for t in tasks {
+                    if t.await.unwrap() == Delivery::First {
+                        firsts += 1;
+                    }
+                }
+                assert_eq!(firsts, 1);
+                let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", f.effects))
+                    .fetch_one(f.store.pool())
+                    .await
+                    .unwrap();
+                assert_eq!(rows, 1);
+            }
+        }
+    };
+}
+
+transactional_tests!(postgres, super::postgres());
+transactional_tests!(sqlite, super::sqlite());
