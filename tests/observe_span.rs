@@ -247,6 +247,38 @@ async fn all_outcomes(spans: &Spans) {
     assert_eq!(outcome_of(spans), "store_error");
 }
 
+/// The same span on a real store: a SQLite file, whose steps take real time.
+#[cfg(feature = "sqlite")]
+async fn on_sqlite(spans: &Spans) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("span.db").display());
+    let idem = idem::connect(&url).await.unwrap();
+    let _ = spans.take_calls();
+    let _: u32 = idem
+        .call(key("sqlite"), Fingerprint::NONE)
+        .run(|| async {
+            let _inner = tracing::info_span!("charge_card").entered();
+            1
+        })
+        .await
+        .unwrap();
+    let all = std::mem::take(&mut *spans.0.lock().unwrap());
+    let body = all.iter().find(|(_, s)| s.name == "charge_card").unwrap();
+    assert_eq!(body.1.parent.as_deref(), Some("idem.call"));
+    let call = &all.iter().find(|(_, s)| s.name == "idem.call").unwrap().1;
+    assert_eq!(call.fields["outcome"], "claimed");
+    let in_store: f64 = call.fields["store_seconds"].parse().unwrap();
+    assert!(in_store > 0.0, "{in_store}");
+    let _: u32 = idem
+        .call(key("sqlite"), Fingerprint::NONE)
+        .run(|| async { 2 })
+        .await
+        .unwrap();
+    let calls = spans.take_calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].fields["outcome"], "replayed");
+}
+
 #[test]
 fn idem_call_span_fields_outcomes_and_nesting() {
     let spans = Spans::default();
@@ -257,4 +289,6 @@ fn idem_call_span_fields_outcomes_and_nesting() {
         .build()
         .unwrap();
     rt.block_on(all_outcomes(&spans));
+    #[cfg(feature = "sqlite")]
+    rt.block_on(on_sqlite(&spans));
 }
