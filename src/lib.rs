@@ -46,7 +46,16 @@
 //! ## Backends
 //!
 //! [`MemoryStore`] is always available. `sqlite`, `postgres`, `mysql`, `redis` and
-//! `redis-cluster` are cargo features; [`connect`] picks a store from a URL.
+//! `redis-cluster` are cargo features; [`connect`] picks a store from a URL. `postgres-tls`
+//! and `redis-tls` add TLS (`sslmode=require`, `rediss://`) on rustls with ring.
+//!
+//! ## Operating
+//!
+//! Each call runs in one `idem.call` tracing span (fields `scope`, `key`, `outcome`,
+//! `store_seconds`), entered around the body. Feature `metrics` reports
+//! `idem_calls_total{scope,outcome}`, `idem_store_step_seconds{step,backend}` and
+//! `idem_calls_in_progress` through the `metrics` facade. The README's "Operating idem"
+//! lists them, and the `idem` admin command (crate `idem-cli`).
 //!
 //! ## HTTP
 //!

@@ -258,6 +258,12 @@ macro_rules! readable_int {
 }
 readable_int!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize);
 
+/// `s` as a key prints it (escaped, never shortened): for a key's parts printed apart, as
+/// the `idem.call` span's `scope` and `key` fields are.
+pub(crate) fn shown(s: &str) -> impl fmt::Display + '_ {
+    Shown(s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,6 +27,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Store>, Error> {
         message: format!("`{url}` is not a store URL: expected `scheme://...` (memory, sqlite, postgres, mysql, redis, redis+cluster)"),
         source: None,
     })?;
+    crate::tls::check(url, || redact(url))?;
     match scheme {
         "memory" => Ok(Arc::new(MemoryStore::new())),
         // Each backend's arm: the real constructor when its feature is on.
@@ -57,6 +58,21 @@ pub async fn connect(url: &str) -> Result<Arc<dyn Store>, Error> {
             ),
             source: None,
         }),
+    }
+}
+
+/// A URL with its password hidden, for messages.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest[..end].rsplit_once('@') {
+        Some((auth, hosts)) if auth.contains(':') => {
+            let user = auth.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{hosts}{}", &rest[end..])
+        }
+        _ => url.to_owned(),
     }
 }
 

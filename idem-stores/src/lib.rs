@@ -1,7 +1,8 @@
 //! Store backends for [idem](https://docs.rs/idem).
 //!
 //! [`MemoryStore`] is always there. The others come with cargo features: `redis`,
-//! `redis-cluster`, `postgres`, `sqlite`, `mysql`. [`connect`] picks one from a URL. The
+//! `redis-cluster`, `postgres`, `sqlite`, `mysql`, and TLS with `postgres-tls` and
+//! `redis-tls` (rustls on ring). [`connect`] picks one from a URL. The
 //! three SQL stores are one generic [`SqlStore`] in three dialects.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
@@ -23,6 +24,7 @@ pub use sql::sqlite;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+mod tls;
 
 pub use connect::connect;
 pub use memory::MemoryStore;

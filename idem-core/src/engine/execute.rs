@@ -9,15 +9,19 @@ use super::builder::check_duration;
 use super::claim::{claim_or_wait, Claimed};
 use super::complete::{check_round_trip, decode, store_result, ErrorPolicy, ValueEq};
 use super::heartbeat::with_heartbeat;
+use super::observe::{count_call, outcome_label, timed, InFlight};
 use super::release::ReleaseGuard;
 use super::{Call, MissingKey, Origin};
 use crate::codec::Codec;
 use crate::envelope::{self, Kind};
 use crate::error::Error;
+use crate::key::shown;
+use tracing::Instrument;
 
 impl<C: Codec, R> Call<'_, C, R> {
-    /// Runs the call: the body's outcome (or the stored one) and where it came from, or
-    /// idem's own error.
+    /// Runs the call inside its `idem.call` span (entered around the body too, so that the
+    /// body's own spans nest under it), and records its outcome, its time in the store and,
+    /// with `metrics`, its counters.
     pub(super) async fn execute<T, E, F, Fut, P>(
         self,
         body: F,
@@ -30,11 +34,56 @@ impl<C: Codec, R> Call<'_, C, R> {
         T: Serialize + DeserializeOwned,
         P: ErrorPolicy<E>,
     {
+        let (scope, id) = match &self.key {
+            Ok(key) => (key.scope().to_owned(), Some(key.id().to_owned())),
+            Err(Error::MissingKey { scope } | Error::InvalidKey { scope, .. }) => {
+                (scope.clone(), None)
+            }
+            Err(_) => (String::new(), None),
+        };
+        let span = tracing::info_span!(target: "idem", "idem.call",
+            scope = %shown(&scope),
+            key = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            store_seconds = tracing::field::Empty,
+        );
+        if let Some(id) = &id {
+            span.record("key", tracing::field::display(shown(id)));
+        }
+        let _in_flight = InFlight::start();
+        let (mut released, mut unkeyed) = (false, false);
+        let inner = self.execute_in_span(body, policy, eq, &mut released, &mut unkeyed);
+        let (res, in_store) = timed(inner).instrument(span.clone()).await;
+        let outcome = outcome_label(&res, released, unkeyed);
+        span.record("outcome", outcome);
+        span.record("store_seconds", in_store.as_secs_f64());
+        count_call(&scope, outcome);
+        res
+    }
+
+    /// Runs the call: the body's outcome (or the stored one) and where it came from, or
+    /// idem's own error. Sets `released` when the body failed and its claim was given back,
+    /// `unkeyed` when the body ran without a key.
+    async fn execute_in_span<T, E, F, Fut, P>(
+        self,
+        body: F,
+        policy: P,
+        eq: ValueEq<T>,
+        released: &mut bool,
+        unkeyed: &mut bool,
+    ) -> Result<(Result<T, E>, Origin), Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        P: ErrorPolicy<E>,
+    {
         let key = match self.key {
             Ok(key) => key,
             Err(Error::MissingKey { scope }) if self.missing_key == MissingKey::Run => {
                 tracing::warn!(target: "idem", scope = %scope,
                     "no idempotency key for this call: running it without idempotency");
+                *unkeyed = true;
                 return Ok((body().await, Origin::Ran));
             }
             Err(e) => return Err(e),
@@ -94,6 +143,7 @@ impl<C: Codec, R> Call<'_, C, R> {
             Err(e) if policy.cache(e) => policy.seal(codec, version, e),
             Err(_) => {
                 guard.release().await;
+                *released = true;
                 return Ok((beat.out, Origin::Ran));
             }
         };

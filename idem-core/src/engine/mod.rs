@@ -21,6 +21,7 @@ mod claim;
 mod complete;
 mod execute;
 mod heartbeat;
+mod observe;
 pub mod outcome;
 mod release;
 mod run;

@@ -31,7 +31,10 @@ pub(super) async fn step<T>(
     limit: Duration,
     call: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    match tokio::time::timeout(limit, call).await {
+    let started = tokio::time::Instant::now();
+    let res = tokio::time::timeout(limit, call).await;
+    super::observe::store_step(store.backend(), name, started.elapsed());
+    match res {
         Ok(res) => res,
         Err(_) => Err(StoreError::Timeout {
             backend: store.backend(),

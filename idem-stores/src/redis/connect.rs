@@ -27,6 +27,7 @@ impl RedisStoreBuilder {
     /// [`Error::Config`].
     pub async fn open(self, url: &str) -> Result<RedisStore, Error> {
         let scheme = url.split_once("://").map_or("", |(s, _)| s);
+        crate::tls::check(url, || redact(url))?;
         match scheme {
             "redis+cluster" | "rediss+cluster" => {
                 #[cfg(feature = "redis-cluster")]

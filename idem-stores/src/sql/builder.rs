@@ -90,6 +90,8 @@ impl<D: Dialect> SqlStoreBuilder<D> {
 
     /// Opens a pool on `url`. See [`connect_with`](Self::connect_with).
     pub async fn connect(self, url: &str) -> Result<SqlStore<D>, Error> {
+        // The password is not shown: the check's message names the URL.
+        crate::tls::check(url, || format!("{} URL", D::BACKEND))?;
         let options = <D::Connection as sqlx::Connection>::Options::from_str(url).map_err(|e| {
             Error::Connect {
                 message: format!("invalid {} URL", D::BACKEND),

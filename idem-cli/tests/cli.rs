@@ -1,0 +1,283 @@
+//! The `idem` binary against real stores: SQLite always, Postgres and Redis with
+//! `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_REDIS_URL` (required under `IDEM_REQUIRE_BACKENDS=1`).
+//! Records are written through the engine, as a service writes them; each test uses a
+//! table or prefix of its own.
+
+use std::process::Command;
+use std::time::Duration;
+
+use idem::{Fingerprint, Idem, Key, Store, Token};
+use serde_json::Value;
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Receipt {
+    id: String,
+    cents: u64,
+}
+
+/// Runs `idem args...`: exit code, stdout, stderr.
+fn idem_cmd(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_idem"))
+        .args(args)
+        .output()
+        .expect("the idem binary runs");
+    (
+        out.status.code().expect("exited, not killed"),
+        String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+    )
+}
+
+/// `idem args... --json`, which must succeed: its JSON.
+fn json_ok(args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let (code, out, err) = idem_cmd(&all);
+    assert_eq!(code, 0, "{args:?}: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?} printed `{out}`: {e}"))
+}
+
+fn backend_url(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if std::env::var("IDEM_REQUIRE_BACKENDS").as_deref() == Ok("1") => {
+            panic!("IDEM_REQUIRE_BACKENDS=1 but {var} is not set")
+        }
+        _ => {
+            eprintln!("skipped: {var} is not set");
+            None
+        }
+    }
+}
+
+fn unique(name: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!("{name}_{}_{nanos}", std::process::id())
+}
+
+/// One completed record, one held by a claim, one ended: `get`, `stats`, `delete`,
+/// `purge-expired` on a SQL store the engine wrote to. `flags` name its table.
+async fn sql_store_flow(url: &str, store: impl Store, flags: &[&str]) {
+    let args = |cmd: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
+        v.extend(flags.iter().map(|s| s.to_string()));
+        v
+    };
+    let run = |cmd: &[&str]| {
+        let a = args(cmd);
+        json_ok(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let code_of = |cmd: &[&str]| {
+        let a = args(cmd);
+        idem_cmd(&a.iter().map(String::as_str).collect::<Vec<_>>()).0
+    };
+
+    let idem = Idem::new(store);
+    let done = Key::new("billing::charge", "order-42").unwrap();
+    let receipt = Receipt {
+        id: "r-1".into(),
+        cents: 1250,
+    };
+    let fp = Fingerprint::of(&"order-42");
+    let _: Receipt = idem
+        .call(done.clone(), fp)
+        .ttl(Duration::from_secs(3600))
+        .run(|| async { receipt })
+        .await
+        .unwrap();
+    let held = Key::new("billing::charge", "order-43").unwrap();
+    idem.store()
+        .claim(&held, &fp, Token::random(), Duration::from_secs(600))
+        .await
+        .unwrap();
+    let ended = Key::new("billing::charge", "order-44").unwrap();
+    idem.store()
+        .claim(&ended, &fp, Token::random(), Duration::from_millis(1))
+        .await
+        .unwrap();
+    // Waits for the 1 ms lease to end on the store's clock (not an assertion: the bound
+    // only stops a broken store from hanging the test).
+    for _ in 0..500 {
+        if idem.store().get(&ended).await.unwrap().is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+
+    let got = run(&["get", url, "billing::charge/order-42"]);
+    assert_eq!(got["state"], "completed");
+    assert_eq!(got["fingerprint"].as_str().unwrap().len(), 32);
+    assert_eq!(got["payload"]["codec"], "json");
+    assert_eq!(got["payload"]["kind"], "value");
+    assert_eq!(
+        got["payload"]["value"],
+        serde_json::json!({ "id": "r-1", "cents": 1250 })
+    );
+    let left = got["expires_in_ms"].as_u64().unwrap();
+    assert!(left > 3_500_000 && left <= 3_600_000, "{left}");
+
+    let got = run(&["get", url, "billing::charge/order-43"]);
+    assert_eq!(got["state"], "in_progress");
+    let lease = got["lease_left_ms"].as_u64().unwrap();
+    assert!(lease > 500_000 && lease <= 600_000, "{lease}");
+
+    // The human form names the same things, one per line.
+    let (code, text, err) = idem_cmd(
+        &args(&["get", url, "billing::charge/order-42"])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(text.contains("state: completed"), "{text}");
+    assert!(
+        text.contains(r#"payload.value: {"cents":1250,"id":"r-1"}"#),
+        "{text}"
+    );
+
+    let stats = run(&["stats", url]);
+    assert_eq!(
+        stats,
+        serde_json::json!({ "completed": 1, "in_progress": 1, "ended": 1 })
+    );
+
+    let purged = run(&["purge-expired", url]);
+    assert_eq!(purged, serde_json::json!({ "purged": 1 }));
+
+    let deleted = run(&["delete", url, "billing::charge/order-43"]);
+    assert_eq!(deleted["deleted"], true);
+    assert_eq!(code_of(&["delete", url, "billing::charge/order-43"]), 4);
+    assert_eq!(code_of(&["get", url, "billing::charge/order-43"]), 4);
+
+    let stats = run(&["stats", url]);
+    assert_eq!(
+        stats,
+        serde_json::json!({ "completed": 1, "in_progress": 0, "ended": 0 })
+    );
+    // The deleted key runs again.
+    let again: u32 = idem.call(held, fp).run(|| async { 7 }).await.unwrap();
+    assert_eq!(again, 7);
+}
+
+#[tokio::test]
+async fn sqlite_get_stats_delete_purge_migrate() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("idem.db");
+    let url = format!("sqlite://{}", path.display());
+    // No table yet: an inspection does not create one, and says how to.
+    let (code, _, err) = idem_cmd(&["stats", &format!("{url}?mode=rwc")]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("idem migrate"), "{err}");
+    let migrated = json_ok(&["migrate", &format!("{url}?mode=rwc"), "--table", "ops_cli"]);
+    assert_eq!(
+        migrated["migrated"],
+        "table `ops_cli` is at this build's schema"
+    );
+    let store = idem::stores::SqliteStore::builder()
+        .table("ops_cli")
+        .migrate(false)
+        .connect(&url)
+        .await
+        .unwrap();
+    sql_store_flow(&url, store, &["--table", "ops_cli"]).await;
+}
+
+#[tokio::test]
+async fn postgres_get_stats_delete_purge_migrate() {
+    let Some(url) = backend_url("IDEM_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let table = unique("idem_cli");
+    json_ok(&["migrate", &url, "--table", &table]);
+    let store = idem::stores::PostgresStore::builder()
+        .table(&table)
+        .migrate(false)
+        .connect(&url)
+        .await
+        .unwrap();
+    sql_store_flow(&url, store, &["--table", &table]).await;
+    // Leave the server as it was.
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    for t in [table.clone(), format!("{table}_schema")] {
+        sqlx::query(&format!("DROP TABLE IF EXISTS \"{t}\""))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn redis_get_delete_and_what_redis_does_not_do() {
+    let Some(url) = backend_url("IDEM_TEST_REDIS_URL") else {
+        return;
+    };
+    let prefix = format!("{}:", unique("idem-cli"));
+    let store = idem::stores::RedisStore::builder()
+        .prefix(&prefix)
+        .open(&url)
+        .await
+        .unwrap();
+    let idem = Idem::new(store);
+    let key = Key::new("billing::charge", "order-42").unwrap();
+    let _: Receipt = idem
+        .call(key.clone(), Fingerprint::NONE)
+        .ttl(Duration::from_secs(3600))
+        .run(|| async {
+            Receipt {
+                id: "r-1".into(),
+                cents: 1250,
+            }
+        })
+        .await
+        .unwrap();
+    let p = ["--prefix", prefix.as_str()];
+    let got = json_ok(&["get", &url, "billing::charge/order-42", p[0], p[1]]);
+    assert_eq!(got["state"], "completed");
+    assert_eq!(got["payload"]["value"]["id"], "r-1");
+    let left = got["expires_in_ms"].as_u64().unwrap();
+    assert!(left > 3_500_000 && left <= 3_600_000, "{left}");
+
+    let (code, _, err) = idem_cmd(&["stats", &url, p[0], p[1]]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("not supported on Redis"), "{err}");
+    let (code, _, err) = idem_cmd(&["purge-expired", &url, p[0], p[1]]);
+    assert_eq!(code, 3, "{err}");
+    assert!(err.contains("expiry"), "{err}");
+    let migrated = json_ok(&["migrate", &url, p[0], p[1]]);
+    assert_eq!(
+        migrated["migrated"],
+        "nothing to migrate: Redis keeps no schema"
+    );
+
+    assert_eq!(
+        json_ok(&["delete", &url, "billing::charge/order-42", p[0], p[1]])["deleted"],
+        true
+    );
+    let (code, _, _) = idem_cmd(&["get", &url, "billing::charge/order-42", p[0], p[1]]);
+    assert_eq!(code, 4);
+}
+
+#[test]
+fn help_shows_an_example_and_bad_input_is_named() {
+    let (code, out, _) = idem_cmd(&["--help"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("Examples:\n  idem get postgres://"), "{out}");
+
+    let (code, _, err) = idem_cmd(&["get", "sqlite://x.db", "no-slash"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("`no-slash` is not a key: expected `scope/id`"),
+        "{err}"
+    );
+
+    let (code, _, err) = idem_cmd(&["get", "memory://", "a/b"]);
+    assert_eq!(code, 3);
+    assert!(err.contains("memory:// lives inside one process"), "{err}");
+
+    let (code, _, err) = idem_cmd(&["stats", "mongodb://h/db"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown store URL scheme `mongodb`"), "{err}");
+}

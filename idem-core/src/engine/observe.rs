@@ -1,0 +1,88 @@
+//! What an operator sees of each call: the `idem.call` span (scope, key id, outcome, time
+//! in the store) and, with the `metrics` feature, counters, a histogram and a gauge through
+//! the `metrics` facade. Labels are bounded: a scope, an outcome, a step, a backend; never a
+//! key id, which is client-chosen and unbounded.
+
+use std::cell::Cell;
+use std::time::Duration;
+
+use super::Origin;
+use crate::error::Error;
+
+tokio::task_local! {
+    /// The time this call has spent in store steps so far. A task-local rather than a
+    /// parameter: every store step goes through [`step`](super::step::step), which then
+    /// needs no clock threaded through the claim, heartbeat, complete and release code. A
+    /// release spawned after a dropped call runs outside it and is not counted.
+    static STORE_TIME: Cell<Duration>;
+}
+
+/// The `outcome` field of the span and label of `idem_calls_total`: one of a fixed set.
+pub(super) fn outcome_label<T>(
+    res: &Result<(T, Origin), Error>,
+    released: bool,
+    unkeyed: bool,
+) -> &'static str {
+    match res {
+        Ok(_) if unkeyed => "unkeyed",
+        Ok(_) if released => "released",
+        Ok((_, Origin::Ran)) => "claimed",
+        Ok((_, Origin::Store)) => "replayed",
+        Ok((_, Origin::LocalCache)) => "replayed_local",
+        Err(Error::InProgress { .. } | Error::WaitTimeout { .. }) => "in_progress",
+        Err(Error::KeyReuse { .. }) => "key_reuse",
+        Err(Error::LeaseLost { .. }) => "lease_lost",
+        Err(Error::Store { .. } | Error::Decode { .. }) => "store_error",
+        // A call refused before it reached the store (a bad option, a missing key) or a
+        // result its codec cannot carry.
+        Err(_) => "error",
+    }
+}
+
+/// Runs `fut` with a fresh store clock; answers its output and the store time it took.
+pub(super) async fn timed<O>(fut: impl std::future::Future<Output = O>) -> (O, Duration) {
+    STORE_TIME
+        .scope(Cell::new(Duration::ZERO), async move {
+            let out = fut.await;
+            (out, STORE_TIME.with(Cell::get))
+        })
+        .await
+}
+
+/// Adds one store step's time to the call's clock and, with `metrics`, to the histogram.
+pub(super) fn store_step(backend: &'static str, step: &'static str, took: Duration) {
+    let _ = STORE_TIME.try_with(|t| t.set(t.get() + took));
+    #[cfg(feature = "metrics")]
+    metrics::histogram!("idem_store_step_seconds", "step" => step, "backend" => backend)
+        .record(took.as_secs_f64());
+    #[cfg(not(feature = "metrics"))]
+    let _ = (backend, step);
+}
+
+/// Counts a finished call under its scope and outcome.
+pub(super) fn count_call(scope: &str, outcome: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("idem_calls_total", "scope" => scope.to_owned(), "outcome" => outcome)
+        .increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = (scope, outcome);
+}
+
+/// `idem_calls_in_progress` is one higher while this lives: dropped with the call's future
+/// too, so a cancelled call does not leave the gauge high.
+pub(super) struct InFlight(());
+
+impl InFlight {
+    pub(super) fn start() -> Self {
+        #[cfg(feature = "metrics")]
+        metrics::gauge!("idem_calls_in_progress").increment(1.0);
+        InFlight(())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        #[cfg(feature = "metrics")]
+        metrics::gauge!("idem_calls_in_progress").decrement(1.0);
+    }
+}
