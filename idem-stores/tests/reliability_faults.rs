@@ -159,6 +159,9 @@ enum Expect {
     StoreAfterRun,
     /// The body's own error (the release scenario's body fails).
     BodyFailed,
+    /// `Value` or `StoreNoRun`, whichever the client library's pool makes of a connection
+    /// closed just before a step: the one cell whose outcome is not ours to decide.
+    ValueOrStoreNoRun,
 }
 
 fn expected(backend: &str, at: At, fault: Fault) -> Expect {
@@ -166,10 +169,12 @@ fn expected(backend: &str, at: At, fault: Fault) -> Expect {
     match (at, fault) {
         (At::Release, _) => BodyFailed,
         (_, Fault::DelayShort) => Value,
-        // The Redis connection learns of the close when it writes the claim; the Postgres
-        // pool drops a closed connection on acquire and opens a new one.
+        // The Redis connection learns of the close when it writes the claim. The Postgres
+        // pool usually drops a closed connection on acquire and opens a new one, but not
+        // always in time (1 run in 3 to 5 under a loaded CI machine gave StoreNoRun): sqlx
+        // decides, and both keep the promise (no body without a claim; checked below).
         (At::Claim, Fault::Cut) if backend == "redis" => StoreNoRun,
-        (At::Claim, Fault::Cut) => Value,
+        (At::Claim, Fault::Cut) => ValueOrStoreNoRun,
         // The complete's retry runs on a new connection; the extends of the heartbeat
         // are retried at its next beat.
         (_, Fault::Cut) => Value,
@@ -249,7 +254,11 @@ async fn scenario(
     let ran = ran_first.load(Ordering::SeqCst);
     let expect = expected(backend, at, fault);
     match (&expect, &out) {
-        (Expect::Value, Ok(v)) => assert_eq!(v, "first", "{what}"),
+        (Expect::Value | Expect::ValueOrStoreNoRun, Ok(v)) => assert_eq!(v, "first", "{what}"),
+        (Expect::ValueOrStoreNoRun, Err(BodyError::Idem(e))) => {
+            support::assert_outage(e, backend, &what);
+            assert_eq!(ran, 0, "{what}: the body ran");
+        }
         (Expect::StoreNoRun, Err(BodyError::Idem(e))) => {
             support::assert_outage(e, backend, &what);
             assert_eq!(ran, 0, "{what}: the body ran");
@@ -295,8 +304,9 @@ async fn scenario(
     assert_eq!(replay, second, "{what}: two later callers, two values");
     // The first value stored is the one everybody gets.
     let stored_first = matches!(expect, Expect::Value)
+        || (matches!(expect, Expect::ValueOrStoreNoRun) && out.is_ok())
         || (matches!(expect, Expect::StoreAfterRun) && second == "first");
-    if matches!(expect, Expect::Value) {
+    if stored_first && !matches!(expect, Expect::StoreAfterRun) {
         assert_eq!(second, "first", "{what}: a later caller got another value");
     }
     assert_eq!(
