@@ -2,8 +2,10 @@
 //! warns nor is refused beside a shared store. In a binary of its own: the global engine
 //! is process-wide.
 
+#[path = "support/log.rs"]
+mod log;
+
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 
 use idem::{idempotent, Idem, MemoryStore, StoreWrapper};
 
@@ -28,30 +30,9 @@ impl StoreWrapper for Shared {
     }
 }
 
-#[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<String>>>);
-
-impl std::io::Write for Events {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let line = String::from_utf8_lossy(buf).into_owned();
-        self.0.lock().unwrap().push(line);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test(flavor = "current_thread")]
 async fn a_global_engine_chosen_with_set_global_runs_beside_a_shared_store_without_warning() {
-    let events = Events::default();
-    let sink = events.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(move || sink.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (events, _guard) = log::capture(tracing::Level::WARN);
 
     idem::set_global(Idem::new(MemoryStore::new())).unwrap();
     let _redis = Idem::new(Shared::default());

@@ -3,8 +3,10 @@
 //! a shared store. In a binary of its own: the global engine and the "a shared store is in
 //! use" mark are process-wide, and tracing caches callsite interest process-wide.
 
+#[path = "support/log.rs"]
+mod log;
+
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 
 use idem::{idempotent, Error, Idem, MemoryStore, StoreWrapper};
 
@@ -30,30 +32,9 @@ impl StoreWrapper for Shared {
     }
 }
 
-#[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<String>>>);
-
-impl std::io::Write for Events {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let line = String::from_utf8_lossy(buf).into_owned();
-        self.0.lock().unwrap().push(line);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test(flavor = "current_thread")]
 async fn the_implicit_engine_warns_once_per_fn_then_is_refused_beside_a_shared_store() {
-    let events = Events::default();
-    let sink = events.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .with_writer(move || sink.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (events, _guard) = log::capture(tracing::Level::WARN);
 
     // Tests keep their one-line default: no engine anywhere, the calls run once per key.
     assert_eq!(charge(1).await.unwrap(), 1);

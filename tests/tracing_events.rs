@@ -2,7 +2,9 @@
 //! callsite is wanted process-wide, and a sibling test thread without a subscriber that
 //! reaches a callsite first would hide it from the subscriber this test installs.
 
-use std::sync::{Arc, Mutex};
+#[path = "support/log.rs"]
+mod log;
+
 use std::time::Duration;
 
 use idem::{Fingerprint, Idem, Key, MemoryStore, Store, Token};
@@ -23,33 +25,9 @@ impl From<idem::Error> for PayError {
     }
 }
 
-/// Collects the messages of idem's tracing events.
-#[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<String>>>);
-
-impl std::io::Write for Events {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap()
-            .push(String::from_utf8_lossy(buf).into_owned());
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn tracing_events_mark_claim_replay_complete_release_and_takeover() {
-    let events = Events::default();
-    let sink = events.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .with_writer(move || sink.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (events, _guard) = log::capture(tracing::Level::TRACE);
 
     let store = MemoryStore::new();
     let idem = Idem::new(store.clone());

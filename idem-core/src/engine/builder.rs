@@ -71,9 +71,8 @@ impl IdemBuilder {
     }
 
     /// The longest wait for one store step (default 5 seconds): a claim, a complete, an
-    /// extend, a release (also the background release of a dropped call), the delete of
-    /// [`Idem::forget`], and the get that checks a complete whose answer was lost; a
-    /// waiting duplicate's [`Store::wait`] gets its pause plus this. A step that runs out
+    /// extend, a release (also the background release of a dropped call), and the delete of
+    /// [`Idem::forget`]; a waiting duplicate's [`Store::wait`] gets its pause plus this. A step that runs out
     /// of time is abandoned and answers
     /// [`StoreError::Timeout`](crate::StoreError::Timeout) naming the step and the backend, a temporary failure. The
     /// heartbeat tries again at its next beat; a complete is tried again while the lease
