@@ -1,0 +1,254 @@
+//! What `#[idempotent]` costs on the memory store, measured against what a user would write
+//! instead, in the same run: read the ratios (`BENCHMARKS.md`), not the absolute times.
+//!
+//! `cargo bench --bench memory`
+//!
+//! Every idem side is the attribute as users write it, on a 4-field request taken by value
+//! (`#[idempotent(key = req.order_id)] async fn charge(req: ChargeRequest) -> Receipt`), and
+//! every baseline is an `async fn` with the same signature, so that both pay for the request
+//! clone and the runtime alike.
+//!
+//! - `memory_replay`: a duplicate answered from the global memory store, vs a hand-written
+//!   `DashMap<String, Vec<u8>>` lookup plus JSON decode (the same codec idem uses).
+//! - `local_cache_replay`: a duplicate answered from the local cache, vs a hit of the
+//!   `cached` crate's `#[cached]` on the same function.
+//! - `memory_first_call`: a new order (claim, run, store), vs the hand-written miss, encode
+//!   and insert.
+//! - `memory_scaling`: replays of 1,024 orders on 1 and on 2 OS threads (each its own
+//!   current-thread runtime, as a service's worker threads are); the time is per call, so
+//!   `threads_1 / threads_2` is the throughput gained by the second core.
+//! - `digest`: what a fingerprint of the request costs beside hashing its JSON by hand.
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, LazyLock};
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use dashmap::DashMap;
+use idem::{idempotent, Fingerprint, Idem, MemoryStore};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct ChargeRequest {
+    order_id: String,
+    amount_cents: u64,
+    currency: String,
+    customer: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct Receipt {
+    charge_id: String,
+    amount_cents: u64,
+    currency: String,
+    captured: bool,
+}
+
+fn request(order: u64) -> ChargeRequest {
+    ChargeRequest {
+        order_id: format!("order-{order}"),
+        amount_cents: 1250,
+        currency: "EUR".into(),
+        customer: "cus_9s6XKzkNRiz8i3".into(),
+    }
+}
+
+/// The "payment": cheap on purpose, so that what is measured is what wraps it.
+fn receipt_for(req: &ChargeRequest) -> Receipt {
+    Receipt {
+        charge_id: "ch_3PqZ8rLkdIwHu7ix0hZWfBk2".into(),
+        amount_cents: req.amount_cents,
+        currency: req.currency.clone(),
+        captured: true,
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// idem, as users write it.
+
+/// On the global engine (set to a memory store in `main`).
+#[idempotent(key = req.order_id)]
+async fn charge(req: ChargeRequest) -> Receipt {
+    receipt_for(&req)
+}
+
+fn cached_engine() -> &'static Idem {
+    static ENGINE: LazyLock<Idem> = LazyLock::new(|| {
+        Idem::builder()
+            .store(MemoryStore::new())
+            .local_cache(10_000, Duration::from_secs(3600))
+            .build()
+            .expect("a memory engine with a local cache")
+    });
+    &ENGINE
+}
+
+/// On an engine with a local cache in front of its memory store.
+#[idempotent(key = req.order_id, store = cached_engine())]
+async fn charge_local(req: ChargeRequest) -> Receipt {
+    receipt_for(&req)
+}
+
+// ---------------------------------------------------------------------------------------
+// What users would write instead.
+
+static BY_HAND: LazyLock<DashMap<String, Vec<u8>>> = LazyLock::new(DashMap::new);
+
+/// The hand-written check: look the order up, decode its stored receipt; on a miss, charge,
+/// encode, insert. No claim, so no protection against concurrent duplicates: the least a
+/// hand-rolled result cache does.
+async fn charge_by_hand(req: ChargeRequest) -> Receipt {
+    if let Some(bytes) = BY_HAND.get(&req.order_id) {
+        return serde_json::from_slice(&bytes).expect("a stored receipt");
+    }
+    let receipt = receipt_for(&req);
+    let bytes = serde_json::to_vec(&receipt).expect("a receipt encodes");
+    BY_HAND.insert(req.order_id, bytes);
+    receipt
+}
+
+/// The `cached` crate's memoization of the same function, keyed by the order id.
+#[cached::proc_macro::cached(key = "String", convert = r#"{ req.order_id.clone() }"#)]
+async fn charge_cached(req: ChargeRequest) -> Receipt {
+    receipt_for(&req)
+}
+
+// ---------------------------------------------------------------------------------------
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a current-thread runtime")
+}
+
+fn memory_replay(c: &mut Criterion) {
+    let rt = runtime();
+    let req = request(42);
+    rt.block_on(async {
+        charge(req.clone()).await.expect("the first call");
+        charge_by_hand(req.clone()).await;
+    });
+    let mut g = c.benchmark_group("memory_replay");
+    g.bench_function("baseline", |b| {
+        b.to_async(&rt).iter(|| charge_by_hand(req.clone()))
+    });
+    g.bench_function("idem", |b| {
+        b.to_async(&rt)
+            .iter(|| async { charge(req.clone()).await.expect("a replay") })
+    });
+    g.finish();
+}
+
+fn local_cache_replay(c: &mut Criterion) {
+    let rt = runtime();
+    let req = request(42);
+    rt.block_on(async {
+        charge_local(req.clone()).await.expect("the first call");
+        charge_cached(req.clone()).await;
+    });
+    let mut g = c.benchmark_group("local_cache_replay");
+    g.bench_function("cached", |b| {
+        b.to_async(&rt).iter(|| charge_cached(req.clone()))
+    });
+    g.bench_function("idem", |b| {
+        b.to_async(&rt)
+            .iter(|| async { charge_local(req.clone()).await.expect("a replay") })
+    });
+    g.finish();
+}
+
+fn memory_first_call(c: &mut Criterion) {
+    let rt = runtime();
+    // Orders never seen before, on both sides; making the request is setup, not measured.
+    let next = AtomicU64::new(1_000_000);
+    let fresh = || request(next.fetch_add(1, Ordering::Relaxed));
+    let mut g = c.benchmark_group("memory_first_call");
+    g.bench_function("baseline", |b| {
+        b.to_async(&rt)
+            .iter_batched(fresh, charge_by_hand, BatchSize::SmallInput)
+    });
+    g.bench_function("idem", |b| {
+        b.to_async(&rt).iter_batched(
+            fresh,
+            |req| async { charge(req).await.expect("a first call") },
+            BatchSize::SmallInput,
+        )
+    });
+    g.finish();
+}
+
+/// `iters` replays spread over `threads` OS threads, each on its own current-thread runtime
+/// and its own slice of the 1,024 stored orders; the time from a common start to the last
+/// thread's end.
+fn replays_on_threads(threads: usize, iters: u64, requests: &Arc<Vec<ChargeRequest>>) -> Duration {
+    let start = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (start, requests) = (start.clone(), requests.clone());
+            let share = iters / threads as u64 + u64::from((t as u64) < iters % threads as u64);
+            std::thread::spawn(move || {
+                let rt = runtime();
+                start.wait();
+                rt.block_on(async {
+                    for i in 0..share {
+                        let req = &requests[(i as usize * threads + t) % requests.len()];
+                        black_box(charge(req.clone()).await.expect("a replay"));
+                    }
+                });
+            })
+        })
+        .collect();
+    start.wait();
+    let began = Instant::now();
+    for h in handles {
+        h.join().expect("a bench thread");
+    }
+    began.elapsed()
+}
+
+fn memory_scaling(c: &mut Criterion) {
+    let requests: Arc<Vec<ChargeRequest>> = Arc::new((0..1024).map(request).collect());
+    runtime().block_on(async {
+        for req in requests.iter() {
+            charge(req.clone()).await.expect("a first call");
+        }
+    });
+    let mut g = c.benchmark_group("memory_scaling");
+    for threads in [1, 2] {
+        g.bench_function(format!("threads_{threads}"), |b| {
+            b.iter_custom(|iters| replays_on_threads(threads, iters, &requests))
+        });
+    }
+    g.finish();
+}
+
+fn digest(c: &mut Criterion) {
+    let req = request(42);
+    let mut g = c.benchmark_group("digest");
+    g.bench_function("serde_json::to_vec + blake3::hash", |b| {
+        b.iter(|| blake3::hash(&serde_json::to_vec(black_box(&req)).expect("json")))
+    });
+    g.bench_function("Fingerprint::of", |b| {
+        b.iter(|| Fingerprint::of(black_box(&req)))
+    });
+    g.finish();
+}
+
+fn choose_global_engine(_: &mut Criterion) {
+    // On purpose, as the docs of `set_global` ask: the memory store, without the warning
+    // of the implicit engine.
+    let _ = idem::set_global(Idem::new(MemoryStore::new()));
+}
+
+criterion_group!(
+    benches,
+    choose_global_engine,
+    memory_replay,
+    local_cache_replay,
+    memory_first_call,
+    memory_scaling,
+    digest
+);
+criterion_main!(benches);
