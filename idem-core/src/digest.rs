@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use serde::ser::{self, Serialize};
+use smallvec::SmallVec;
 
 /// Context strings for blake3's key derivation: a key digest and a fingerprint of the same
 /// value differ, so one can never be mistaken for the other.
@@ -70,13 +71,15 @@ fn hex(bytes: &[u8; 32]) -> String {
     out
 }
 
-/// Encodes `value` into a buffer, then hashes it in one update with a clone of the keyed
-/// hasher (deriving the key from the context string costs more than hashing a request).
+/// Encodes `value` into this thread's scratch buffer, then hashes it in one update with a
+/// clone of the keyed hasher (deriving the key from the context string costs more than
+/// hashing a request).
 fn try_digest<T: Serialize + ?Sized>(base: &blake3::Hasher, value: &T) -> Result<[u8; 32], String> {
-    let buf = canonical(value)?;
-    let mut hasher = base.clone();
-    hasher.update(&buf);
-    Ok(*hasher.finalize().as_bytes())
+    with_canonical(value, |buf| {
+        let mut hasher = base.clone();
+        hasher.update(buf);
+        *hasher.finalize().as_bytes()
+    })
 }
 
 /// The fixed encoding of `value` that digests hash, unhashed: two values with the same
@@ -84,11 +87,54 @@ fn try_digest<T: Serialize + ?Sized>(base: &blake3::Hasher, value: &T) -> Result
 /// `Some`/`None`, the same numbers bit for bit, maps and struct fields in any order). The
 /// engine compares a result with its decoded copy this way before storing it.
 pub(crate) fn canonical<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, String> {
-    let mut buf = Vec::with_capacity(128);
-    value
-        .serialize(Digester { out: &mut buf })
-        .map_err(|DigestError(msg)| msg)?;
-    Ok(buf)
+    with_canonical(value, <[u8]>::to_vec)
+}
+
+/// Runs `f` on the canonical encoding of `value`, written into a buffer this thread keeps
+/// and reuses (a digest then allocates nothing for a value that fits the buffer already
+/// grown). A `Serialize` impl that digests another value while it is being digested gets a
+/// buffer of its own.
+fn with_canonical<T: Serialize + ?Sized, O, F: FnOnce(&[u8]) -> O>(
+    value: &T,
+    f: F,
+) -> Result<O, String> {
+    /// Buffers that grew past this are not kept, so one huge value does not pin its memory.
+    const KEEP: usize = 64 * 1024;
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Scratch> = const {
+            std::cell::RefCell::new(Scratch { out: Vec::new(), moved: Vec::new() })
+        };
+    }
+    let encode = |scratch: &mut Scratch, f: &mut Option<F>| {
+        scratch.out.clear();
+        let res = value
+            .serialize(Digester {
+                out: &mut scratch.out,
+                moved: &mut scratch.moved,
+            })
+            .map_err(|DigestError(msg)| msg)
+            .map(|()| (f.take().expect("called once"))(&scratch.out));
+        if scratch.out.capacity() > KEEP || scratch.moved.capacity() > KEEP {
+            *scratch = Scratch::default();
+        }
+        res
+    };
+    let mut f = Some(f);
+    let shared = SCRATCH.try_with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scratch) => Some(encode(&mut scratch, &mut f)),
+        Err(_) => None,
+    });
+    match shared {
+        Ok(Some(res)) => res,
+        _ => encode(&mut Scratch::default(), &mut f),
+    }
+}
+
+/// The encoding being written, and room to move struct fields into name order.
+#[derive(Default)]
+struct Scratch {
+    out: Vec<u8>,
+    moved: Vec<u8>,
 }
 
 /// A digest no other call gets: for values that cannot be encoded.
@@ -142,6 +188,8 @@ impl ser::Error for DigestError {
 
 struct Digester<'a> {
     out: &'a mut Vec<u8>,
+    /// Where a struct's fields are moved while they are put in name order.
+    moved: &'a mut Vec<u8>,
 }
 
 impl Digester<'_> {
@@ -281,11 +329,17 @@ impl<'a> ser::Serializer for Digester<'a> {
     }
     fn serialize_seq(mut self, _len: Option<usize>) -> Result<Seq<'a>, DigestError> {
         self.tag(tag::SEQ);
-        Ok(Seq { out: self.out })
+        Ok(Seq {
+            out: self.out,
+            moved: self.moved,
+        })
     }
     fn serialize_tuple(mut self, _len: usize) -> Result<Seq<'a>, DigestError> {
         self.tag(tag::TUPLE);
-        Ok(Seq { out: self.out })
+        Ok(Seq {
+            out: self.out,
+            moved: self.moved,
+        })
     }
     fn serialize_tuple_struct(
         self,
@@ -304,11 +358,15 @@ impl<'a> ser::Serializer for Digester<'a> {
         self.tag(tag::VARIANT);
         self.str(variant);
         self.tag(tag::TUPLE);
-        Ok(Seq { out: self.out })
+        Ok(Seq {
+            out: self.out,
+            moved: self.moved,
+        })
     }
     fn serialize_map(self, len: Option<usize>) -> Result<Map<'a>, DigestError> {
         Ok(Map {
             out: self.out,
+            moved: self.moved,
             entries: Vec::with_capacity(len.unwrap_or(0)),
             pending: None,
         })
@@ -319,7 +377,7 @@ impl<'a> ser::Serializer for Digester<'a> {
         len: usize,
     ) -> Result<Fields<'a>, DigestError> {
         self.tag(tag::STRUCT);
-        Ok(Fields::new(self.out, len))
+        Ok(Fields::new(self.out, self.moved, len))
     }
     fn serialize_struct_variant(
         mut self,
@@ -331,18 +389,22 @@ impl<'a> ser::Serializer for Digester<'a> {
         self.tag(tag::VARIANT);
         self.str(variant);
         self.tag(tag::STRUCT);
-        Ok(Fields::new(self.out, len))
+        Ok(Fields::new(self.out, self.moved, len))
     }
 }
 
 /// Sequences, tuples and structs: items in order, closed by an end tag.
 struct Seq<'a> {
     out: &'a mut Vec<u8>,
+    moved: &'a mut Vec<u8>,
 }
 
 impl Seq<'_> {
     fn item<T: Serialize + ?Sized>(&mut self, v: &T) -> R {
-        v.serialize(Digester { out: self.out })
+        v.serialize(Digester {
+            out: self.out,
+            moved: self.moved,
+        })
     }
     fn end(self) -> R {
         self.out.push(tag::END);
@@ -394,42 +456,48 @@ impl ser::SerializeTupleVariant for Seq<'_> {
 /// so that the order a type declares its fields in is not part of its digest.
 struct Fields<'a> {
     out: &'a mut Vec<u8>,
-    /// Each field's name and where its encoding starts in `out`.
-    starts: Vec<(&'static str, usize)>,
+    moved: &'a mut Vec<u8>,
+    /// Each field's name and where its encoding starts in `out`; inline for the usual
+    /// struct, so that ordering its fields allocates nothing.
+    starts: SmallVec<[(&'static str, usize); 16]>,
 }
 
 impl<'a> Fields<'a> {
-    fn new(out: &'a mut Vec<u8>, len: usize) -> Self {
+    fn new(out: &'a mut Vec<u8>, moved: &'a mut Vec<u8>, len: usize) -> Self {
         Fields {
             out,
-            starts: Vec::with_capacity(len),
+            moved,
+            starts: SmallVec::with_capacity(len),
         }
     }
     fn field<T: Serialize + ?Sized>(&mut self, name: &'static str, v: &T) -> R {
         self.starts.push((name, self.out.len()));
-        Digester { out: self.out }.str(name);
-        v.serialize(Digester { out: self.out })
+        let mut d = Digester {
+            out: self.out,
+            moved: self.moved,
+        };
+        d.str(name);
+        v.serialize(d)
     }
     fn end(self) -> R {
-        let Fields { out, starts } = self;
+        let Fields { out, moved, starts } = self;
         if !starts.windows(2).all(|w| w[0].0 <= w[1].0) {
+            // Move the fields out, then back in name order. Stable: should a hand-written
+            // `Serialize` repeat a name, its order stays.
             let body = starts[0].1;
-            let encoded = out.split_off(body);
-            let mut parts: Vec<(&str, &[u8])> = starts
-                .iter()
-                .enumerate()
-                .map(|(i, &(name, at))| {
-                    let end = starts
-                        .get(i + 1)
-                        .map_or(encoded.len() + body, |next| next.1);
-                    (name, &encoded[at - body..end - body])
-                })
-                .collect();
-            // Stable: should a hand-written `Serialize` repeat a name, its order stays.
-            parts.sort_by(|a, b| a.0.cmp(b.0));
-            for (_, bytes) in parts {
-                out.extend_from_slice(bytes);
+            let mut order: SmallVec<[usize; 16]> = (0..starts.len()).collect();
+            order.sort_by(|&a, &b| starts[a].0.cmp(starts[b].0));
+            // `moved` may hold an enclosing struct's fields, being moved: append after them.
+            let base = moved.len();
+            moved.extend_from_slice(&out[body..]);
+            let end = out.len();
+            out.truncate(body);
+            for i in order {
+                let from = starts[i].1 - body + base;
+                let to = starts.get(i + 1).map_or(end, |next| next.1) - body + base;
+                out.extend_from_slice(&moved[from..to]);
             }
+            moved.truncate(base);
         }
         out.push(tag::END);
         Ok(())
@@ -460,6 +528,7 @@ impl ser::SerializeStructVariant for Fields<'_> {
 /// Maps: each entry is digested on its own, and the entry digests are fed in sorted order.
 struct Map<'a> {
     out: &'a mut Vec<u8>,
+    moved: &'a mut Vec<u8>,
     entries: Vec<[u8; 32]>,
     pending: Option<Vec<u8>>,
 }
@@ -469,7 +538,10 @@ impl ser::SerializeMap for Map<'_> {
     type Error = DigestError;
     fn serialize_key<T: Serialize + ?Sized>(&mut self, key: &T) -> R {
         let mut entry = Vec::new();
-        key.serialize(Digester { out: &mut entry })?;
+        key.serialize(Digester {
+            out: &mut entry,
+            moved: self.moved,
+        })?;
         self.pending = Some(entry);
         Ok(())
     }
@@ -478,7 +550,10 @@ impl ser::SerializeMap for Map<'_> {
             .pending
             .take()
             .ok_or_else(|| DigestError("map value without a key".into()))?;
-        value.serialize(Digester { out: &mut entry })?;
+        value.serialize(Digester {
+            out: &mut entry,
+            moved: self.moved,
+        })?;
         self.entries.push(*blake3::hash(&entry).as_bytes());
         Ok(())
     }

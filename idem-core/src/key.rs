@@ -66,12 +66,8 @@ impl Key {
                 id.len()
             )));
         }
-        let mut full = String::with_capacity(scope.len() + 1 + id.len());
-        full.push_str(scope);
-        full.push('/');
-        full.push_str(id);
         Ok(Key {
-            full: full.into(),
+            full: joined(scope, id),
             scope_len: scope.len(),
         })
     }
@@ -92,7 +88,10 @@ impl Key {
     /// A key id from a probe that may have failed to serialize the key value, or found
     /// none (`Ok(None)`: the key expression was `None`).
     #[doc(hidden)]
-    pub fn from_id_result(scope: &str, id: Result<Option<String>, String>) -> Result<Key, Error> {
+    pub fn from_id_result(
+        scope: &str,
+        id: Result<Option<Cow<'_, str>>, String>,
+    ) -> Result<Key, Error> {
         match id {
             Ok(Some(id)) => Key::new(scope, id),
             Ok(None) => Err(Error::MissingKey {
@@ -116,6 +115,25 @@ impl Key {
     pub fn as_str(&self) -> &str {
         &self.full
     }
+}
+
+/// `scope/id` in one allocation: composed in a buffer this thread reuses, then copied into
+/// the `Arc` (a `String` would be a second allocation, as `Arc<str>` needs its own).
+fn joined(scope: &str, id: &str) -> Arc<str> {
+    thread_local! {
+        static BUF: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+    }
+    let compose = |buf: &mut String| {
+        buf.clear();
+        buf.push_str(scope);
+        buf.push('/');
+        buf.push_str(id);
+        Arc::<str>::from(buf.as_str())
+    };
+    BUF.try_with(|b| b.try_borrow_mut().ok().map(|mut b| compose(&mut b)))
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| compose(&mut String::new()))
 }
 
 fn invalid_value(scope: &str, msg: &str) -> Error {

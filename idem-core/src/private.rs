@@ -8,6 +8,7 @@
 //! `#[diagnostic::on_unimplemented]` message, so that a type that cannot be stored or
 //! digested is reported once, in words about idem, at the user's own token.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::time::Duration;
 
@@ -60,7 +61,7 @@ impl<O: OptionalKey + ?Sized> OptionalKey for &O {
 /// Chosen first: an optional string or integer.
 pub trait ViaOptionalReadable {
     /// The key id, none, or why the value could not be digested.
-    fn __idem_key_id(&self) -> Result<Option<String>, String>;
+    fn __idem_key_id(&self) -> Result<Option<Cow<'_, str>>, String>;
 }
 
 impl<O> ViaOptionalReadable for &&&KeyIdProbe<'_, O>
@@ -68,15 +69,15 @@ where
     O: OptionalKey + ?Sized,
     O::Inner: ReadableKeyId,
 {
-    fn __idem_key_id(&self) -> Result<Option<String>, String> {
-        Ok(self.0.inner().map(|id| id.key_id().into_owned()))
+    fn __idem_key_id(&self) -> Result<Option<Cow<'_, str>>, String> {
+        Ok(self.0.inner().map(|id| id.key_id()))
     }
 }
 
 /// Chosen second: an optional value of another `Serialize` type.
 pub trait ViaOptionalDigest {
     /// The key id, none, or why the value could not be digested.
-    fn __idem_key_id(&self) -> Result<Option<String>, String>;
+    fn __idem_key_id(&self) -> Result<Option<Cow<'_, str>>, String>;
 }
 
 impl<O> ViaOptionalDigest for &&&&KeyIdProbe<'_, O>
@@ -84,10 +85,10 @@ where
     O: OptionalKey + ?Sized,
     O::Inner: Serialize,
 {
-    fn __idem_key_id(&self) -> Result<Option<String>, String> {
+    fn __idem_key_id(&self) -> Result<Option<Cow<'_, str>>, String> {
         self.0
             .inner()
-            .map(crate::digest::try_digest_hex)
+            .map(|v| crate::digest::try_digest_hex(v).map(Cow::Owned))
             .transpose()
     }
 }
@@ -95,24 +96,24 @@ where
 /// Chosen for strings and integers: they stay readable.
 pub trait ViaReadable {
     /// The key id.
-    fn __idem_key_id(&self) -> Result<Option<String>, String>;
+    fn __idem_key_id(&self) -> Result<Option<Cow<'_, str>>, String>;
 }
 
 impl<T: ReadableKeyId + ?Sized> ViaReadable for &&KeyIdProbe<'_, T> {
-    fn __idem_key_id(&self) -> Result<Option<String>, String> {
-        Ok(Some(self.0.key_id().into_owned()))
+    fn __idem_key_id(&self) -> Result<Option<Cow<'_, str>>, String> {
+        Ok(Some(self.0.key_id()))
     }
 }
 
 /// Chosen when the value is not a string, an integer or an `Option`: a 128-bit digest.
 pub trait ViaDigest {
     /// The key id, or why the value could not be digested.
-    fn __idem_key_id(&self) -> Result<Option<String>, String>;
+    fn __idem_key_id(&self) -> Result<Option<Cow<'_, str>>, String>;
 }
 
 impl<T: Serialize + ?Sized> ViaDigest for &KeyIdProbe<'_, T> {
-    fn __idem_key_id(&self) -> Result<Option<String>, String> {
-        crate::digest::try_digest_hex(self.0).map(Some)
+    fn __idem_key_id(&self) -> Result<Option<Cow<'_, str>>, String> {
+        crate::digest::try_digest_hex(self.0).map(|id| Some(Cow::Owned(id)))
     }
 }
 
@@ -120,17 +121,17 @@ impl<T: Serialize + ?Sized> ViaDigest for &KeyIdProbe<'_, T> {
 /// same value, which fails to compile in that case, so this never runs.
 pub trait ViaNothing {
     /// The key id.
-    fn __idem_key_id(&self) -> Result<Option<String>, String>;
+    fn __idem_key_id(&self) -> Result<Option<Cow<'_, str>>, String>;
 }
 
 impl<T: ?Sized> ViaNothing for KeyIdProbe<'_, T> {
-    fn __idem_key_id(&self) -> Result<Option<String>, String> {
+    fn __idem_key_id(&self) -> Result<Option<Cow<'_, str>>, String> {
         Ok(None)
     }
 }
 
 /// A key with a readable or digested id: what `key = <expr>` expands to.
-pub fn key(scope: &str, id: Result<Option<String>, String>) -> Result<Key, Error> {
+pub fn key(scope: &str, id: Result<Option<Cow<'_, str>>, String>) -> Result<Key, Error> {
     Key::from_id_result(scope, id)
 }
 
@@ -392,12 +393,13 @@ impl<T> ViaNoEq<T> for EqProbe<T> {
 }
 
 /// [`Call::run`] for a function that returns a value `T` (or `Outcome<T>`, with
-/// `R = WithOutcome`).
-pub async fn run<T, C, R, F, Fut>(
-    call: Call<'_, C, R>,
+/// `R = WithOutcome`). A plain function that returns the engine's future, so that the call
+/// adds no layer of its own.
+pub fn run<'a, T, C, R, F, Fut>(
+    call: Call<'a, C, R>,
     eq: ValueEq<T>,
     body: F,
-) -> Result<R::Out<T>, Error>
+) -> impl Future<Output = Result<R::Out<T>, Error>> + use<'a, T, C, R, F, Fut>
 where
     T: CachedValue,
     C: Codec,
@@ -405,18 +407,18 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = T>,
 {
-    call.run_eq(eq, body).await
+    call.run_eq(eq, body)
 }
 
 /// [`Call::run_fallible`] for a function that returns `Result<T, E>`. The conversion of
 /// idem's own errors into `E` is passed in (`error_from::<E>`, whose bound is checked at
 /// the user's error type), so that this future's type carries no bound on `E`.
-pub async fn run_fallible<T, E, C, R, F, Fut>(
-    call: Call<'_, C, R>,
+pub fn run_fallible<'a, T, E, C, R, F, Fut>(
+    call: Call<'a, C, R>,
     eq: ValueEq<T>,
     from_idem: fn(Error) -> E,
     body: F,
-) -> Result<R::Out<T>, E>
+) -> impl Future<Output = Result<R::Out<T>, E>> + use<'a, T, E, C, R, F, Fut>
 where
     T: CachedValue,
     C: Codec,
@@ -424,28 +426,7 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    let out = call
-        .run_fallible_eq(eq, || async move { body().await.map_err(Failure::Body) })
-        .await;
-    match out {
-        Ok(value) => Ok(value),
-        Err(Failure::Body(e)) => Err(e),
-        Err(Failure::Idem(e)) => Err(from_idem(e)),
-    }
-}
-
-/// An error of a fallible body, or of idem itself, before the latter becomes the body's type.
-pub enum Failure<E> {
-    /// The body's own error.
-    Body(E),
-    /// idem's error.
-    Idem(Error),
-}
-
-impl<E> From<Error> for Failure<E> {
-    fn from(e: Error) -> Self {
-        Failure::Idem(e)
-    }
+    call.run_fallible_with(eq, from_idem, body)
 }
 
 /// `E::from` for idem's errors, with the bound that names what is missing.
@@ -454,12 +435,12 @@ pub fn error_from<E: IdemErrorType>(e: Error) -> E {
 }
 
 /// [`Call::run_caching_errors`] for a function with `cache_errors`.
-pub async fn run_caching_errors<T, E, C, R, P, F, Fut>(
-    call: Call<'_, C, R>,
+pub fn run_caching_errors<'a, T, E, C, R, P, F, Fut>(
+    call: Call<'a, C, R>,
     eq: (ValueEq<T>, ValueEq<E>),
     cache_if: P,
     body: F,
-) -> Result<R::Out<T>, E>
+) -> impl Future<Output = Result<R::Out<T>, E>> + use<'a, T, E, C, R, P, F, Fut>
 where
     T: CachedValue,
     E: CachedErrorType,
@@ -469,7 +450,7 @@ where
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    call.run_caching_errors_eq(cache_if, eq, body).await
+    call.run_caching_errors_eq(cache_if, eq, body)
 }
 
 #[cfg(test)]
@@ -480,7 +461,7 @@ mod tests {
     #[allow(clippy::needless_borrow)]
     #[test]
     fn probes_keep_strings_and_integers_readable_and_none_missing() {
-        let id = |r: Result<Option<String>, String>| r.unwrap();
+        let id = |r: Result<Option<Cow<str>>, String>| r.unwrap().map(Cow::into_owned);
         let some = |s: &str| Some(s.to_string());
         assert_eq!(
             id((&&&&KeyIdProbe(&"order-42")).__idem_key_id()),

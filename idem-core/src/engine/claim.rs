@@ -6,6 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
+use super::observe::StoreClock;
 use super::step::{step, store_error};
 use super::{InProgress, MIN_DURATION};
 use crate::error::Error;
@@ -29,8 +30,10 @@ pub(super) enum Claimed {
 
 /// Claims `key`, and in [`InProgress::Wait`] mode waits (up to `wait_timeout`) while another
 /// call holds it. A fingerprint that does not match the holder's is [`Error::KeyReuse`].
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn claim_or_wait(
     store: &dyn Store,
+    clock: &StoreClock,
     step_timeout: Duration,
     key: &Key,
     fp: Fingerprint,
@@ -38,8 +41,8 @@ pub(super) async fn claim_or_wait(
     mode: InProgress,
     wait_timeout: Duration,
 ) -> Result<Claimed, Error> {
-    let started = Instant::now();
     let mut poll = FIRST_POLL;
+    let mut started = None;
     // One token for the whole call: a claim the store answered but whose reply was lost
     // and that is sent again (by a retrying client) is then recognised as this call's.
     let ours = Token::random();
@@ -47,8 +50,10 @@ pub(super) async fn claim_or_wait(
         // Taken before the claim is sent, so that the lease the store grants never ends
         // before this instant plus `lease`.
         let sent_at = Instant::now();
+        let started = *started.get_or_insert(sent_at);
         let claim = step(
             store,
+            clock,
             "claim",
             step_timeout,
             store.claim(key, &fp, ours, lease),
@@ -112,9 +117,15 @@ pub(super) async fn claim_or_wait(
                 tracing::trace!(target: "idem", key = %key, ?pause, "waiting for the holder");
                 // The store's wait is told to return within `pause`; the step timeout
                 // on top bounds one that does not.
-                step(store, "wait", pause + step_timeout, store.wait(key, pause))
-                    .await
-                    .map_err(|source| store_error(key, source))?;
+                step(
+                    store,
+                    clock,
+                    "wait",
+                    pause + step_timeout,
+                    store.wait(key, pause),
+                )
+                .await
+                .map_err(|source| store_error(key, source))?;
             }
         }
     }

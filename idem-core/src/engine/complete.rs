@@ -8,6 +8,7 @@ use bytes::Bytes;
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
+use super::observe::StoreClock;
 use super::step::{step, store_error};
 use crate::codec::Codec;
 use crate::digest;
@@ -71,8 +72,10 @@ where
 /// attempt anyway; the caller then sees `Error::Store` and the record stays unfinished until
 /// its lease ends. The first attempt is always made, since an extend whose answer was lost
 /// may have kept the lease alive.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn store_result(
     store: &dyn Store,
+    clock: &StoreClock,
     step_timeout: Duration,
     key: &Key,
     token: Token,
@@ -91,6 +94,7 @@ pub(super) async fn store_result(
         };
         let res = step(
             store,
+            clock,
             "complete",
             limit,
             store.complete(key, token, sealed.clone(), ttl),

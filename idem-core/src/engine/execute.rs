@@ -9,56 +9,74 @@ use super::builder::check_duration;
 use super::claim::{claim_or_wait, Claimed};
 use super::complete::{check_round_trip, decode, store_result, ErrorPolicy, ValueEq};
 use super::heartbeat::with_heartbeat;
-use super::observe::{count_call, outcome_label, timed, InFlight};
+use super::observe::{count_call, outcome_label, InFlight, StoreClock};
 use super::release::ReleaseGuard;
 use super::{Call, MissingKey, Origin};
 use crate::codec::Codec;
 use crate::envelope::{self, Kind};
 use crate::error::Error;
-use crate::key::shown;
+use crate::key::{shown, Key};
 use tracing::Instrument;
 
 impl<C: Codec, R> Call<'_, C, R> {
     /// Runs the call inside its `idem.call` span (entered around the body too, so that the
     /// body's own spans nest under it), and records its outcome, its time in the store and,
     /// with `metrics`, its counters.
-    pub(super) async fn execute<T, E, F, Fut, P>(
+    ///
+    /// `finish` turns the result into what the run method answers, inside this one future:
+    /// the run methods are plain functions that return it, so that a call is not a tower of
+    /// futures each holding a copy of the one below it.
+    pub(super) async fn execute<T, E, F, Fut, P, O>(
         self,
         body: F,
         policy: P,
         eq: ValueEq<T>,
-    ) -> Result<(Result<T, E>, Origin), Error>
+        finish: impl FnOnce(Result<(Result<T, E>, Origin), Error>) -> O,
+    ) -> O
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
         T: Serialize + DeserializeOwned,
         P: ErrorPolicy<E>,
     {
-        let (scope, id) = match &self.key {
-            Ok(key) => (key.scope().to_owned(), Some(key.id().to_owned())),
+        // What names the call in its span and metrics, borrowed from the key (an `Arc`
+        // clone) rather than copied: most spans are disabled, and then nothing is formatted.
+        let label: Result<Key, String> = match &self.key {
+            Ok(key) => Ok(key.clone()),
             Err(Error::MissingKey { scope } | Error::InvalidKey { scope, .. }) => {
-                (scope.clone(), None)
+                Err(scope.clone())
             }
-            Err(_) => (String::new(), None),
+            Err(_) => Err(String::new()),
+        };
+        let scope = match &label {
+            Ok(key) => key.scope(),
+            Err(scope) => scope.as_str(),
         };
         let span = tracing::info_span!(target: "idem", "idem.call",
-            scope = %shown(&scope),
+            scope = %shown(scope),
             key = tracing::field::Empty,
             outcome = tracing::field::Empty,
             store_seconds = tracing::field::Empty,
         );
-        if let Some(id) = &id {
-            span.record("key", tracing::field::display(shown(id)));
+        if let Ok(key) = &label {
+            if !span.is_disabled() {
+                span.record("key", tracing::field::display(shown(key.id())));
+            }
         }
         let _in_flight = InFlight::start();
         let (mut released, mut unkeyed) = (false, false);
-        let inner = self.execute_in_span(body, policy, eq, &mut released, &mut unkeyed);
-        let (res, in_store) = timed(inner).instrument(span.clone()).await;
+        let clock = StoreClock::default();
+        let res = self
+            .execute_in_span(body, policy, eq, &clock, &mut released, &mut unkeyed)
+            .instrument(span.clone())
+            .await;
         let outcome = outcome_label(&res, released, unkeyed);
-        span.record("outcome", outcome);
-        span.record("store_seconds", in_store.as_secs_f64());
-        count_call(&scope, outcome);
-        res
+        if !span.is_disabled() {
+            span.record("outcome", outcome);
+            span.record("store_seconds", clock.total().as_secs_f64());
+        }
+        count_call(scope, outcome);
+        finish(res)
     }
 
     /// Runs the call: the body's outcome (or the stored one) and where it came from, or
@@ -69,6 +87,7 @@ impl<C: Codec, R> Call<'_, C, R> {
         body: F,
         policy: P,
         eq: ValueEq<T>,
+        clock: &StoreClock,
         released: &mut bool,
         unkeyed: &mut bool,
     ) -> Result<(Result<T, E>, Origin), Error>
@@ -118,7 +137,16 @@ impl<C: Codec, R> Call<'_, C, R> {
             return Ok((out, Origin::LocalCache));
         }
 
-        let claimed = claim_or_wait(store, step_timeout, &key, fp, lease, mode, wait_timeout);
+        let claimed = claim_or_wait(
+            store,
+            clock,
+            step_timeout,
+            &key,
+            fp,
+            lease,
+            mode,
+            wait_timeout,
+        );
         let (token, leased_at) = match claimed.await? {
             Claimed::Ours { token, leased_at } => (token, leased_at),
             Claimed::Completed {
@@ -133,34 +161,61 @@ impl<C: Codec, R> Call<'_, C, R> {
             }
         };
 
-        // From here until the record is completed or released, dropping this future (or a
-        // panic in the body) releases the claim in the background.
-        let mut guard = ReleaseGuard::new(inner.store.clone(), step_timeout, key.clone(), token);
-        let beat = with_heartbeat(store, step_timeout, &key, token, lease, leased_at, body()).await;
+        // A first run: boxed, so that the future of a replay, which never gets here, stays
+        // small (moving a large future costs a replay more than this allocation costs a run).
+        Box::pin(async move {
+            // From here until the record is completed or released, dropping this future (or
+            // a panic in the body) releases the claim in the background.
+            let mut guard =
+                ReleaseGuard::new(inner.store.clone(), step_timeout, key.clone(), token);
+            let beat = with_heartbeat(
+                store,
+                clock,
+                step_timeout,
+                &key,
+                token,
+                lease,
+                leased_at,
+                body(),
+            )
+            .await;
 
-        let sealed = match &beat.out {
-            Ok(value) => envelope::seal(codec, Kind::Value, version, value),
-            Err(e) if policy.cache(e) => policy.seal(codec, version, e),
-            Err(_) => {
-                guard.release().await;
-                *released = true;
-                return Ok((beat.out, Origin::Ran));
+            let sealed = match &beat.out {
+                Ok(value) => envelope::seal(codec, Kind::Value, version, value),
+                Err(e) if policy.cache(e) => policy.seal(codec, version, e),
+                Err(_) => {
+                    guard.release(clock).await;
+                    *released = true;
+                    return Ok((beat.out, Origin::Ran));
+                }
+            };
+            // The body succeeded (or failed in a way to keep): from here on a release would
+            // invite a second run of its side effect. If the result is not stored, the claim
+            // ends with its lease instead, also when this future is dropped mid-way.
+            guard.disarm();
+            let (sealed, out) =
+                check_round_trip(codec, &policy, version, &key, beat.out, sealed, eq)?;
+            if beat.lost {
+                return Err(Error::LeaseLost { key });
             }
-        };
-        // The body succeeded (or failed in a way to keep): from here on a release would
-        // invite a second run of its side effect. If the result is not stored, the claim
-        // ends with its lease instead, also when this future is dropped mid-way.
-        guard.disarm();
-        let (sealed, out) = check_round_trip(codec, &policy, version, &key, beat.out, sealed, eq)?;
-        if beat.lost {
-            return Err(Error::LeaseLost { key });
-        }
-        let lease_ends = beat.leased_at + lease;
-        store_result(store, step_timeout, &key, token, &sealed, ttl, lease_ends).await?;
-        tracing::debug!(target: "idem", key = %key, token = %token, "completed");
-        if let Some(cache) = &inner.cache {
-            cache.insert(key, fp, sealed, ttl);
-        }
-        Ok((out, Origin::Ran))
+            let lease_ends = beat.leased_at + lease;
+            store_result(
+                store,
+                clock,
+                step_timeout,
+                &key,
+                token,
+                &sealed,
+                ttl,
+                lease_ends,
+            )
+            .await?;
+            tracing::debug!(target: "idem", key = %key, token = %token, "completed");
+            if let Some(cache) = &inner.cache {
+                cache.insert(key, fp, sealed, ttl);
+            }
+            Ok((out, Origin::Ran))
+        })
+        .await
     }
 }

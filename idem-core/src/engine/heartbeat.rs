@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::observe::StoreClock;
 use super::step::step;
 use super::MIN_DURATION;
 use crate::error::StoreError;
@@ -27,8 +28,10 @@ pub(super) struct Beat<O> {
 /// Polls `body` to completion while extending the lease every third of its length. Each
 /// extend is bounded by the step timeout: one that hangs is abandoned, and the next beat
 /// tries again, so one stuck connection does not stop the heartbeat.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn with_heartbeat<O>(
     store: &dyn Store,
+    clock: &StoreClock,
     step_timeout: Duration,
     key: &Key,
     token: Token,
@@ -65,7 +68,7 @@ pub(super) async fn with_heartbeat<O>(
             }
             _ = ticker.tick(), if extending.is_none() && !lost => {
                 let sent_at = Instant::now();
-                extending = Some((sent_at, Box::pin(step(store, "extend", step_timeout, store.extend(key, token, lease)))));
+                extending = Some((sent_at, Box::pin(step(store, clock, "extend", step_timeout, store.extend(key, token, lease)))));
             }
         }
     }

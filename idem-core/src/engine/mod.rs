@@ -174,11 +174,18 @@ impl Idem {
             cache.remove(key);
         }
         let store = &*self.inner.store;
-        step(store, "delete", self.inner.step_timeout, store.delete(key))
-            .await
-            .map_err(|source| Error::Store {
-                key: key.clone(),
-                source,
-            })
+        let clock = observe::StoreClock::default();
+        step(
+            store,
+            &clock,
+            "delete",
+            self.inner.step_timeout,
+            store.delete(key),
+        )
+        .await
+        .map_err(|source| Error::Store {
+            key: key.clone(),
+            source,
+        })
     }
 }

@@ -3,18 +3,27 @@
 //! the `metrics` facade. Labels are bounded: a scope, an outcome, a step, a backend; never a
 //! key id, which is client-chosen and unbounded.
 
-use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::Origin;
 use crate::error::Error;
 
-tokio::task_local! {
-    /// The time this call has spent in store steps so far. A task-local rather than a
-    /// parameter: every store step goes through [`step`](super::step::step), which then
-    /// needs no clock threaded through the claim, heartbeat, complete and release code. A
-    /// release spawned after a dropped call runs outside it and is not counted.
-    static STORE_TIME: Cell<Duration>;
+/// The time one call has spent in store steps so far: every store step goes through
+/// [`step`](super::step::step), which adds to the clock of its call. Atomic so that the
+/// futures that hold it stay `Send`; it is never contended (one call, one clock).
+#[derive(Default)]
+pub(super) struct StoreClock(AtomicU64);
+
+impl StoreClock {
+    pub(super) fn add(&self, took: Duration) {
+        let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.0.fetch_add(nanos, Ordering::Relaxed);
+    }
+
+    pub(super) fn total(&self) -> Duration {
+        Duration::from_nanos(self.0.load(Ordering::Relaxed))
+    }
 }
 
 /// The `outcome` field of the span and label of `idem_calls_total`: one of a fixed set.
@@ -39,19 +48,14 @@ pub(super) fn outcome_label<T>(
     }
 }
 
-/// Runs `fut` with a fresh store clock; answers its output and the store time it took.
-pub(super) async fn timed<O>(fut: impl std::future::Future<Output = O>) -> (O, Duration) {
-    STORE_TIME
-        .scope(Cell::new(Duration::ZERO), async move {
-            let out = fut.await;
-            (out, STORE_TIME.with(Cell::get))
-        })
-        .await
-}
-
 /// Adds one store step's time to the call's clock and, with `metrics`, to the histogram.
-pub(super) fn store_step(backend: &'static str, step: &'static str, took: Duration) {
-    let _ = STORE_TIME.try_with(|t| t.set(t.get() + took));
+pub(super) fn store_step(
+    clock: &StoreClock,
+    backend: &'static str,
+    step: &'static str,
+    took: Duration,
+) {
+    clock.add(took);
     #[cfg(feature = "metrics")]
     metrics::histogram!("idem_store_step_seconds", "step" => step, "backend" => backend)
         .record(took.as_secs_f64());

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::observe::StoreClock;
 use super::step::step;
 use crate::key::Key;
 use crate::store::{Store, Token};
@@ -36,13 +37,14 @@ impl ReleaseGuard {
         self.token = None;
     }
 
-    pub(super) async fn release(&mut self) {
+    pub(super) async fn release(&mut self, clock: &StoreClock) {
         // The token is cleared only once the release has answered: dropped mid-way, the
         // guard still releases in the background.
         if let Some(token) = self.token {
             let store = &*self.store;
             let res = step(
                 store,
+                clock,
                 "release",
                 self.step_timeout,
                 store.release(&self.key, token),
@@ -72,7 +74,8 @@ impl Drop for ReleaseGuard {
             Ok(handle) => {
                 handle.spawn(async move {
                     let store = &*store;
-                    match step(store, "release", limit, store.release(&key, token)).await {
+                    let clock = StoreClock::default();
+                    match step(store, &clock, "release", limit, store.release(&key, token)).await {
                         Ok(()) => tracing::debug!(target: "idem", key = %key, token = %token,
                             "released after the call was dropped or panicked"),
                         Err(e) => {

@@ -1,11 +1,15 @@
 //! The time bound on every store step, and how a store failure reads to the caller.
 
 use std::future::Future;
+use std::pin::pin;
+use std::task::Poll;
 use std::time::Duration;
 
 use crate::error::{DecodeError, Error, StoreError};
 use crate::key::Key;
 use crate::store::Store;
+
+use super::observe::StoreClock;
 
 /// A store failure as the caller sees it. A value under the key that is not an idem record
 /// is a decode failure of that key, not an outage.
@@ -25,15 +29,28 @@ pub(super) fn store_error(key: &Key, source: StoreError) -> Error {
 /// Runs one store step under `limit`: every store call of the engine goes through here, so
 /// that an outage, a lost connection or a lock held elsewhere costs a caller at most this
 /// long per step, and the error says which step of which backend ran out of time.
+///
+/// The step is polled once before its timer is made: a store that answers at once (the
+/// memory store, a cache) costs no timer. Its time is added to `clock`.
 pub(super) async fn step<T>(
     store: &dyn Store,
+    clock: &StoreClock,
     name: &'static str,
     limit: Duration,
     call: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
     let started = tokio::time::Instant::now();
-    let res = tokio::time::timeout(limit, call).await;
-    super::observe::store_step(store.backend(), name, started.elapsed());
+    let mut call = pin!(call);
+    let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
+    let res = match first {
+        Poll::Ready(res) => Ok(res),
+        Poll::Pending => match started.checked_add(limit) {
+            // Boxed: the timer is large, and a step that needs it waits on the network.
+            Some(deadline) => Box::pin(tokio::time::timeout_at(deadline, call)).await,
+            None => Ok(call.await),
+        },
+    };
+    super::observe::store_step(clock, store.backend(), name, started.elapsed());
     match res {
         Ok(res) => res,
         Err(_) => Err(StoreError::Timeout {
