@@ -18,6 +18,9 @@
 //!   current-thread runtime, as a service's worker threads are); the time is per call, so
 //!   `threads_1 / threads_2` is the throughput gained by the second core.
 //! - `digest`: what a fingerprint of the request costs beside hashing its JSON by hand.
+//!
+//! The replay groups also time `idem_fingerprint_none`: the same function with
+//! `fingerprint = none`, which checks no payload, as neither baseline does.
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -90,6 +93,19 @@ async fn charge_local(req: ChargeRequest) -> Receipt {
     receipt_for(&req)
 }
 
+/// The same without a payload check (`fingerprint = none`): what the fingerprint costs a
+/// replay, since the hand-written check and `#[cached]` check no payload.
+#[idempotent(key = req.order_id, fingerprint = none)]
+async fn charge_unchecked(req: ChargeRequest) -> Receipt {
+    receipt_for(&req)
+}
+
+/// The local cache without a payload check.
+#[idempotent(key = req.order_id, store = cached_engine(), fingerprint = none)]
+async fn charge_local_unchecked(req: ChargeRequest) -> Receipt {
+    receipt_for(&req)
+}
+
 // ---------------------------------------------------------------------------------------
 // What users would write instead.
 
@@ -128,6 +144,7 @@ fn memory_replay(c: &mut Criterion) {
     let req = request(42);
     rt.block_on(async {
         charge(req.clone()).await.expect("the first call");
+        charge_unchecked(req.clone()).await.expect("the first call");
         charge_by_hand(req.clone()).await;
     });
     let mut g = c.benchmark_group("memory_replay");
@@ -138,6 +155,10 @@ fn memory_replay(c: &mut Criterion) {
         b.to_async(&rt)
             .iter(|| async { charge(req.clone()).await.expect("a replay") })
     });
+    g.bench_function("idem_fingerprint_none", |b| {
+        b.to_async(&rt)
+            .iter(|| async { charge_unchecked(req.clone()).await.expect("a replay") })
+    });
     g.finish();
 }
 
@@ -146,6 +167,9 @@ fn local_cache_replay(c: &mut Criterion) {
     let req = request(42);
     rt.block_on(async {
         charge_local(req.clone()).await.expect("the first call");
+        charge_local_unchecked(req.clone())
+            .await
+            .expect("the first call");
         charge_cached(req.clone()).await;
     });
     let mut g = c.benchmark_group("local_cache_replay");
@@ -155,6 +179,10 @@ fn local_cache_replay(c: &mut Criterion) {
     g.bench_function("idem", |b| {
         b.to_async(&rt)
             .iter(|| async { charge_local(req.clone()).await.expect("a replay") })
+    });
+    g.bench_function("idem_fingerprint_none", |b| {
+        b.to_async(&rt)
+            .iter(|| async { charge_local_unchecked(req.clone()).await.expect("a replay") })
     });
     g.finish();
 }

@@ -28,8 +28,8 @@
 //!   concurrent callers, each a tokio task. The time per iteration is the total elapsed
 //!   time divided by the calls made, i.e. the inverse of the throughput.
 //! - `redis_first_call`, `postgres_first_call`: an order never seen before, one caller.
-//!   Baseline: the hand-written miss path, lookup (a miss) then `SET` / `INSERT`, 2 round
-//!   trips; idem: claim, run, complete, also 2 round trips.
+//!   Baseline: the raw write alone, `SET` / `INSERT` (1 round trip, and on Postgres 1
+//!   commit); idem: claim, run, complete (2 round trips, 2 commits).
 //!
 //! Each run uses its own Redis key prefixes and Postgres tables (named after the process),
 //! so a rerun never replays an earlier run's records; both are removed at the end.
@@ -125,6 +125,25 @@ async fn redis_charge_by_hand(req: ChargeRequest) -> Receipt {
     if let Some(bytes) = stored {
         return serde_json::from_slice(&bytes).expect("a stored receipt");
     }
+    let receipt = receipt_for(&req);
+    let bytes = serde_json::to_vec(&receipt).expect("a receipt encodes");
+    let () = redis::cmd("SET")
+        .arg(&key)
+        .arg(bytes)
+        .arg("EX")
+        .arg(TTL_SECS)
+        .query_async(&mut conn)
+        .await
+        .expect("SET");
+    receipt
+}
+
+/// The first-call baseline: what a call that knows its order is new would do, charge,
+/// encode and `SET`, in one round trip (idem needs two: claim, then complete).
+async fn redis_write_by_hand(req: ChargeRequest) -> Receipt {
+    let hand = REDIS_BY_HAND.get().expect("set up in main");
+    let mut conn = hand.conn.clone();
+    let key = format!("{}{}", hand.prefix, req.order_id);
     let receipt = receipt_for(&req);
     let bytes = serde_json::to_vec(&receipt).expect("a receipt encodes");
     let () = redis::cmd("SET")
@@ -260,6 +279,21 @@ async fn pg_charge_by_hand(req: ChargeRequest) -> Receipt {
     receipt
 }
 
+/// The first-call baseline on Postgres: charge, encode, one `INSERT` (one round trip and
+/// one commit; idem's claim and complete are two of each).
+async fn pg_write_by_hand(req: ChargeRequest) -> Receipt {
+    let hand = PG_BY_HAND.get().expect("set up in main");
+    let receipt = receipt_for(&req);
+    let body = serde_json::to_vec(&receipt).expect("a receipt encodes");
+    sqlx::query(&hand.insert)
+        .bind(&req.order_id)
+        .bind(body)
+        .execute(&hand.pool)
+        .await
+        .expect("INSERT");
+    receipt
+}
+
 /// The tables of this run: idem's, and the hand-written side's.
 struct PgTables {
     idem: String,
@@ -382,17 +416,19 @@ where
 }
 
 /// The three groups of one backend: replay with one caller, replay with `callers`, first
-/// call.
-fn backend_groups<B, BF, I, IF>(
+/// call (against `write_by_hand`, the raw write alone).
+fn backend_groups<B, BF, W, WF, I, IF>(
     c: &mut Criterion,
     rt: &tokio::runtime::Runtime,
     backend: &str,
     callers: u64,
-    by_hand: B,
+    (by_hand, write_by_hand): (B, W),
     idem: I,
 ) where
     B: Fn(ChargeRequest) -> BF + Copy + Send + 'static,
     BF: Future<Output = Receipt> + Send + 'static,
+    W: Fn(ChargeRequest) -> WF + Copy,
+    WF: Future<Output = Receipt>,
     I: Fn(ChargeRequest) -> IF + Copy + Send + 'static,
     IF: Future<Output = Result<Receipt, idem::Error>> + Send + 'static,
 {
@@ -439,7 +475,7 @@ fn backend_groups<B, BF, I, IF>(
     g.sample_size(30).measurement_time(Duration::from_secs(5));
     g.bench_function("baseline", |b| {
         b.to_async(rt)
-            .iter_batched(fresh, by_hand, BatchSize::SmallInput)
+            .iter_batched(fresh, write_by_hand, BatchSize::SmallInput)
     });
     g.bench_function("idem", |b| {
         b.to_async(rt).iter_batched(
@@ -463,10 +499,24 @@ fn main() {
 
     let mut c = Criterion::default().configure_from_args();
     if redis.is_some() {
-        backend_groups(&mut c, &rt, "redis", 32, redis_charge_by_hand, redis_charge);
+        backend_groups(
+            &mut c,
+            &rt,
+            "redis",
+            32,
+            (redis_charge_by_hand, redis_write_by_hand),
+            redis_charge,
+        );
     }
     if postgres.is_some() {
-        backend_groups(&mut c, &rt, "postgres", 16, pg_charge_by_hand, pg_charge);
+        backend_groups(
+            &mut c,
+            &rt,
+            "postgres",
+            16,
+            (pg_charge_by_hand, pg_write_by_hand),
+            pg_charge,
+        );
     }
     c.final_summary();
 

@@ -32,7 +32,10 @@ pub struct MemoryStore {
 }
 
 struct Shared {
-    records: DashMap<Key, State>,
+    /// Each state boxed: the map's table, which runs between half and seven eighths full,
+    /// then holds a key and a pointer (32 bytes) per slot instead of the whole state; at
+    /// 1,000,000 records that saves about 100 bytes a record (`benches/footprint.rs`).
+    records: DashMap<Key, Box<State>>,
     /// One `Notify` per key that has waiters; removed when the last waiter leaves.
     waiters: DashMap<Key, Arc<Notify>>,
     origin: Instant,
@@ -177,7 +180,7 @@ impl MemoryStore {
     ) -> Result<(), StoreError> {
         let now = Instant::now();
         match self.shared.records.entry(key.clone()) {
-            Entry::Occupied(mut e) => match e.get() {
+            Entry::Occupied(mut e) => match &**e.get() {
                 State::Completed {
                     token: by,
                     expires_at,
@@ -188,10 +191,10 @@ impl MemoryStore {
                     lease_until,
                     fingerprint,
                 } if *held == token && *lease_until > now => {
-                    match f(fingerprint) {
-                        Some(next) => {
-                            e.insert(next);
-                        }
+                    let fingerprint = *fingerprint;
+                    match f(&fingerprint) {
+                        // In the same box: a complete or an extend allocates nothing.
+                        Some(next) => **e.get_mut() = next,
                         None => {
                             e.remove();
                         }
@@ -223,13 +226,13 @@ impl Store for MemoryStore {
         };
         Ok(match self.shared.records.entry(key.clone()) {
             Entry::Vacant(v) => {
-                v.insert(held);
+                v.insert(Box::new(held));
                 Claim::Acquired {
                     token,
                     recovered: false,
                 }
             }
-            Entry::Occupied(mut e) => match e.get() {
+            Entry::Occupied(mut e) => match &**e.get() {
                 State::Completed {
                     fingerprint,
                     payload,
@@ -258,7 +261,7 @@ impl Store for MemoryStore {
                 },
                 ended => {
                     let recovered = matches!(ended, State::InProgress { .. });
-                    e.insert(held);
+                    **e.get_mut() = held;
                     Claim::Acquired { token, recovered }
                 }
             },
@@ -310,7 +313,7 @@ impl Store for MemoryStore {
 
     async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
         let now = Instant::now();
-        let Some(state) = self.shared.records.get(key).map(|s| s.clone()) else {
+        let Some(state) = self.shared.records.get(key).map(|s| State::clone(&s)) else {
             return Ok(None);
         };
         Ok(match state {
@@ -355,7 +358,7 @@ impl Store for MemoryStore {
             notified.as_mut().enable();
             // Look again after registering, so a change that came in between is not missed.
             let still_held = matches!(
-                self.shared.records.get(key).map(|s| s.clone()),
+                self.shared.records.get(key).map(|s| State::clone(&s)),
                 Some(State::InProgress { lease_until, .. }) if lease_until > Instant::now()
             );
             if still_held {

@@ -84,7 +84,8 @@ fn key(id: &str) -> Key {
 }
 
 // ---- round trips, counted on the wire ------------------------------------------------
-// (first call 2, replay 1: `round_trips_first_call_two_replay_one`, stamped above)
+// (first call 3: read, claim, complete; replay 1: `round_trips_of_a_first_call_and_a_replay`,
+// stamped above)
 
 #[path = "support/wire.rs"]
 mod wire;

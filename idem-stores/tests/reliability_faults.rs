@@ -44,7 +44,9 @@ enum At {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
-    /// Replies late, well within the step timeout.
+    /// Replies late, well within the step timeout: each reply an eighth of it, since a
+    /// Postgres claim on a new connection waits for up to four (its read and its claim
+    /// statement, each prepared, then run).
     DelayShort,
     /// Replies after the step timeout.
     DelayLong,
@@ -70,7 +72,7 @@ const FAULTS: [Fault; 5] = [
 
 fn switch_on(proxy: &Arc<TcpProxy>, fault: Fault) {
     match fault {
-        Fault::DelayShort => proxy.delay_replies(STEP / 4),
+        Fault::DelayShort => proxy.delay_replies(STEP / 8),
         Fault::DelayLong => proxy.delay_replies(STEP * 3),
         Fault::Cut => proxy.cut(),
         Fault::BlackHole => proxy.black_hole(),

@@ -18,6 +18,10 @@ use crate::error::Error;
 use crate::key::{shown, Key};
 use tracing::Instrument;
 
+/// What a run ends with: the body's outcome (or the stored one) and where it came from, or
+/// idem's own error.
+type Executed<T, E> = Result<(Result<T, E>, Origin), Error>;
+
 impl<C: Codec, R> Call<'_, C, R> {
     /// Runs the call inside its `idem.call` span (entered around the body too, so that the
     /// body's own spans nest under it), and records its outcome, its time in the store and,
@@ -65,11 +69,15 @@ impl<C: Codec, R> Call<'_, C, R> {
         }
         let _in_flight = InFlight::start();
         let (mut released, mut unkeyed) = (false, false);
-        let clock = StoreClock::default();
-        let res = self
-            .execute_in_span(body, policy, eq, &clock, &mut released, &mut unkeyed)
-            .instrument(span.clone())
-            .await;
+        let clock = StoreClock::for_span(&span);
+        let res = match span.in_scope(|| self.local_hit(&policy)) {
+            Some(res) => res,
+            None => {
+                self.execute_in_span(body, policy, eq, &clock, &mut released, &mut unkeyed)
+                    .instrument(span.clone())
+                    .await
+            }
+        };
         let outcome = outcome_label(&res, released, unkeyed);
         if !span.is_disabled() {
             span.record("outcome", outcome);
@@ -77,6 +85,33 @@ impl<C: Codec, R> Call<'_, C, R> {
         }
         count_call(scope, outcome);
         finish(res)
+    }
+
+    /// The answer of the local cache, when it has the key: checked before anything else is
+    /// built, so that a hit costs a lookup and a decode. `None` sends the call on to the
+    /// store (also when an option is invalid: the full path refuses it).
+    fn local_hit<T, E, P>(&self, policy: &P) -> Option<Executed<T, E>>
+    where
+        T: DeserializeOwned,
+        P: ErrorPolicy<E>,
+    {
+        let cache = self.idem.inner.cache.as_ref()?;
+        let key = self.key.as_ref().ok()?;
+        let options = [self.ttl, self.lease, self.wait_timeout];
+        if !options
+            .into_iter()
+            .flatten()
+            .all(|d| check_duration(d).is_ok())
+        {
+            return None;
+        }
+        let hit = cache.get(key)?;
+        if !self.fingerprint.matches(&hit.fingerprint) {
+            return Some(Err(Error::KeyReuse { key: key.clone() }));
+        }
+        tracing::debug!(target: "idem", key = %key, "replay from the local cache");
+        let out = decode(&self.codec, policy, self.version, key.clone(), &hit.payload);
+        Some(out.map(|out| (out, Origin::LocalCache)))
     }
 
     /// Runs the call: the body's outcome (or the stored one) and where it came from, or
@@ -127,15 +162,6 @@ impl<C: Codec, R> Call<'_, C, R> {
         }
         let (fp, version, codec) = (self.fingerprint, self.version, &self.codec);
         let (store, step_timeout) = (&*inner.store, inner.step_timeout);
-
-        if let Some(hit) = inner.cache.as_ref().and_then(|c| c.get(&key)) {
-            if !fp.matches(&hit.fingerprint) {
-                return Err(Error::KeyReuse { key });
-            }
-            tracing::debug!(target: "idem", key = %key, "replay from the local cache");
-            let out = decode(codec, &policy, version, key, &hit.payload)?;
-            return Ok((out, Origin::LocalCache));
-        }
 
         let claimed = claim_or_wait(
             store,

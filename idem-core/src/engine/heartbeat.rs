@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::pin::{pin, Pin};
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -41,6 +42,15 @@ pub(super) async fn with_heartbeat<O>(
 ) -> Beat<O> {
     let period = (lease / 3).max(MIN_DURATION);
     let mut body = pin!(body);
+    // A body done at its first poll needs no heartbeat: no timer is made for it.
+    let first = std::future::poll_fn(|cx| Poll::Ready(body.as_mut().poll(cx))).await;
+    if let Poll::Ready(out) = first {
+        return Beat {
+            out,
+            lost: false,
+            leased_at,
+        };
+    }
     let mut ticker = tokio::time::interval_at(Instant::now() + period, period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut extending: Option<(Instant, Extending<'_>)> = None;

@@ -12,17 +12,45 @@ use crate::error::Error;
 /// The time one call has spent in store steps so far: every store step goes through
 /// [`step`](super::step::step), which adds to the clock of its call. Atomic so that the
 /// futures that hold it stay `Send`; it is never contended (one call, one clock).
-#[derive(Default)]
-pub(super) struct StoreClock(AtomicU64);
+pub(super) struct StoreClock {
+    nanos: AtomicU64,
+    /// Whether anything reads the time: the call's span (when a subscriber wants it) or
+    /// the `metrics` histogram. When nothing does, a step reads no clock for it.
+    wanted: bool,
+}
+
+impl Default for StoreClock {
+    /// A clock for a step outside a call (a `forget`, a release in the background): read
+    /// only for the `metrics` histogram.
+    fn default() -> Self {
+        StoreClock {
+            nanos: AtomicU64::new(0),
+            wanted: cfg!(feature = "metrics"),
+        }
+    }
+}
 
 impl StoreClock {
+    /// A clock for a call whose span is `span`.
+    pub(super) fn for_span(span: &tracing::Span) -> Self {
+        StoreClock {
+            nanos: AtomicU64::new(0),
+            wanted: cfg!(feature = "metrics") || !span.is_disabled(),
+        }
+    }
+
+    /// The start of a step, if its time is wanted.
+    pub(super) fn start(&self) -> Option<tokio::time::Instant> {
+        self.wanted.then(tokio::time::Instant::now)
+    }
+
     pub(super) fn add(&self, took: Duration) {
         let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-        self.0.fetch_add(nanos, Ordering::Relaxed);
+        self.nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
     pub(super) fn total(&self) -> Duration {
-        Duration::from_nanos(self.0.load(Ordering::Relaxed))
+        Duration::from_nanos(self.nanos.load(Ordering::Relaxed))
     }
 }
 

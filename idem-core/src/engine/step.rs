@@ -39,18 +39,17 @@ pub(super) async fn step<T>(
     limit: Duration,
     call: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
-    let started = tokio::time::Instant::now();
+    let started = clock.start();
     let mut call = pin!(call);
     let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
     let res = match first {
         Poll::Ready(res) => Ok(res),
-        Poll::Pending => match started.checked_add(limit) {
-            // Boxed: the timer is large, and a step that needs it waits on the network.
-            Some(deadline) => Box::pin(tokio::time::timeout_at(deadline, call)).await,
-            None => Ok(call.await),
-        },
+        // Boxed: the timer is large, and a step that needs it waits on the network.
+        Poll::Pending => Box::pin(tokio::time::timeout(limit, call)).await,
     };
-    super::observe::store_step(clock, store.backend(), name, started.elapsed());
+    if let Some(started) = started {
+        super::observe::store_step(clock, store.backend(), name, started.elapsed());
+    }
     match res {
         Ok(res) => res,
         Err(_) => Err(StoreError::Timeout {

@@ -25,7 +25,7 @@ macro_rules! sql_store_tests {
         /// Round trips counted on the wire (the test crate declares `mod wire` from
         /// `support/wire.rs`): the store's own constructor, then one warm connection.
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn round_trips_first_call_two_replay_one() {
+        async fn round_trips_of_a_first_call_and_a_replay() {
             let Some((fresh, _guard)) = $fresh.await else { return };
             let Some((url, _url_guard)) = $url.await else { return };
             let (proxy, through) = wire::Proxy::to_server_of(&url, $protocol).await;
@@ -36,7 +36,7 @@ macro_rules! sql_store_tests {
             let pool = store.pool().clone();
             let what = stringify!($store);
             let idem = idem_core::Idem::new(store);
-            wire::assert_first_call_two_replay_one(&proxy, &idem, &pool, "a", what).await;
+            wire::assert_first_call_and_replay(&proxy, $protocol, &idem, &pool, "a", what).await;
 
             let one = sqlx::pool::PoolOptions::new()
                 .max_connections(1)
@@ -45,7 +45,7 @@ macro_rules! sql_store_tests {
                 .await
                 .unwrap();
             let idem = idem_core::Idem::new(<$store>::new(one.clone()).with_table(&table).unwrap());
-            wire::assert_one_exchange_per_step(&proxy, &idem, &one).await;
+            wire::assert_one_exchange_per_step(&proxy, $protocol, &idem, &one).await;
         }
         }
     };
