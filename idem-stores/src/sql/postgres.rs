@@ -1,10 +1,13 @@
 //! `PostgresStore`: records in one Postgres table, each store step one statement, time
 //! from the database's clock.
 //!
-//! The claim statement (`claim_sql`) reads the record first in a CTE and writes only when
-//! no live record exists, so a replay is a plain indexed read: no row lock, no write, no WAL.
-//! When a concurrent claim commits the row after the statement's snapshot, the statement
-//! answers with no row; the store then runs it once more.
+//! A claim reads the record first with the plain `get` statement: a replay (or a duplicate
+//! of a call still running) is answered by that indexed read alone, with no row lock, no
+//! write, no WAL, and none of the claim statement's write path to plan. Only a key without a
+//! live record goes on to the claim statement (`claim_sql`), which reads the record again in
+//! a CTE and writes only when it is still not live. When a concurrent claim commits the row
+//! after that statement's snapshot, the statement answers with no row; the store then runs
+//! it once more.
 //!
 //! Keys are stored through `stored_key`, which percent-encodes `%` and NUL: Postgres text
 //! cannot hold NUL, and every key `Key::new` accepts must work here.
