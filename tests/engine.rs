@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{
-    Bytes, Claim, DecodeError, Error, Fingerprint, Idem, InProgress, Key, MemoryStore, Record,
-    Store, StoreError, StoreWrapper, Token,
+    Bytes, Claim, DecodeError, Error, Fingerprint, Idem, InProgress, Key, MemoryStore, Origin,
+    Record, Store, StoreError, StoreWrapper, Token,
 };
 
 /// A memory store that counts calls and can fail on demand.
@@ -850,6 +850,41 @@ async fn the_local_cache_answers_replays_without_the_store() {
         .await
         .unwrap();
     assert_eq!(v, 13, "forget clears the cache as well as the store");
+}
+
+/// The local cache answers before the call's future is built, but not past a bad option:
+/// a zero lease on a key the cache holds is refused as it is on any other key.
+#[tokio::test]
+async fn an_invalid_option_is_refused_even_when_the_local_cache_has_the_key() {
+    let store = Arc::new(Faulty::default());
+    let idem = Idem::builder()
+        .store(store.clone())
+        .local_cache(100, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let run = |lease: Duration| {
+        idem.call(key("cached-bad-option"), Fingerprint::NONE)
+            .lease(lease)
+            .with_outcome()
+            .run(|| async { 7u32 })
+    };
+    let first = run(Duration::from_secs(5)).await.unwrap();
+    let again = run(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(
+        (first.origin(), again.origin()),
+        (Origin::Ran, Origin::LocalCache)
+    );
+    let bad = run(Duration::ZERO).await;
+    assert!(
+        matches!(
+            bad,
+            Err(Error::InvalidOption {
+                option: "lease",
+                ..
+            })
+        ),
+        "{bad:?}"
+    );
 }
 
 // On tokio's paused clock: the head start below is exact, not a hope.
