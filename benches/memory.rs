@@ -30,42 +30,9 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
 use dashmap::DashMap;
 use idem::{idempotent, Fingerprint, Idem, MemoryStore};
-use serde::{Deserialize, Serialize};
+mod support;
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-struct ChargeRequest {
-    order_id: String,
-    amount_cents: u64,
-    currency: String,
-    customer: String,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-struct Receipt {
-    charge_id: String,
-    amount_cents: u64,
-    currency: String,
-    captured: bool,
-}
-
-fn request(order: u64) -> ChargeRequest {
-    ChargeRequest {
-        order_id: format!("order-{order}"),
-        amount_cents: 1250,
-        currency: "EUR".into(),
-        customer: "cus_9s6XKzkNRiz8i3".into(),
-    }
-}
-
-/// The "payment": cheap on purpose, so that what is measured is what wraps it.
-fn receipt_for(req: &ChargeRequest) -> Receipt {
-    Receipt {
-        charge_id: "ch_3PqZ8rLkdIwHu7ix0hZWfBk2".into(),
-        amount_cents: req.amount_cents,
-        currency: req.currency.clone(),
-        captured: true,
-    }
-}
+use support::{receipt_for, request, ChargeRequest, Receipt};
 
 // ---------------------------------------------------------------------------------------
 // idem, as users write it.

@@ -44,43 +44,11 @@ use criterion::{BatchSize, Criterion};
 use idem::stores::{PostgresStore, RedisStore};
 use idem::{idempotent, Idem};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use serde::{Deserialize, Serialize};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-struct ChargeRequest {
-    order_id: String,
-    amount_cents: u64,
-    currency: String,
-    customer: String,
-}
+mod support;
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-struct Receipt {
-    charge_id: String,
-    amount_cents: u64,
-    currency: String,
-    captured: bool,
-}
-
-fn request(order: u64) -> ChargeRequest {
-    ChargeRequest {
-        order_id: format!("order-{order}"),
-        amount_cents: 1250,
-        currency: "EUR".into(),
-        customer: "cus_9s6XKzkNRiz8i3".into(),
-    }
-}
-
-/// The "payment": cheap on purpose, so that what is measured is what wraps it.
-fn receipt_for(req: &ChargeRequest) -> Receipt {
-    Receipt {
-        charge_id: "ch_3PqZ8rLkdIwHu7ix0hZWfBk2".into(),
-        amount_cents: req.amount_cents,
-        currency: req.currency.clone(),
-        captured: true,
-    }
-}
+use support::{receipt_for, request, ChargeRequest, Receipt};
 
 /// Orders stored before the replay groups, on both sides.
 const STORED: u64 = 256;
@@ -122,24 +90,15 @@ async fn redis_charge_by_hand(req: ChargeRequest) -> Receipt {
         .query_async(&mut conn)
         .await
         .expect("GET");
-    if let Some(bytes) = stored {
-        return serde_json::from_slice(&bytes).expect("a stored receipt");
+    match stored {
+        Some(bytes) => serde_json::from_slice(&bytes).expect("a stored receipt"),
+        None => redis_write_by_hand(req).await,
     }
-    let receipt = receipt_for(&req);
-    let bytes = serde_json::to_vec(&receipt).expect("a receipt encodes");
-    let () = redis::cmd("SET")
-        .arg(&key)
-        .arg(bytes)
-        .arg("EX")
-        .arg(TTL_SECS)
-        .query_async(&mut conn)
-        .await
-        .expect("SET");
-    receipt
 }
 
-/// The first-call baseline: what a call that knows its order is new would do, charge,
-/// encode and `SET`, in one round trip (idem needs two: claim, then complete).
+/// The hand-written miss, and the first-call baseline: what a call that knows its order is
+/// new would do, charge, encode and `SET`, in one round trip (idem needs two: claim, then
+/// complete).
 async fn redis_write_by_hand(req: ChargeRequest) -> Receipt {
     let hand = REDIS_BY_HAND.get().expect("set up in main");
     let mut conn = hand.conn.clone();
@@ -265,22 +224,14 @@ async fn pg_charge_by_hand(req: ChargeRequest) -> Receipt {
         .fetch_optional(&hand.pool)
         .await
         .expect("SELECT");
-    if let Some((body,)) = stored {
-        return serde_json::from_slice(&body).expect("a stored receipt");
+    match stored {
+        Some((body,)) => serde_json::from_slice(&body).expect("a stored receipt"),
+        None => pg_write_by_hand(req).await,
     }
-    let receipt = receipt_for(&req);
-    let body = serde_json::to_vec(&receipt).expect("a receipt encodes");
-    sqlx::query(&hand.insert)
-        .bind(&req.order_id)
-        .bind(body)
-        .execute(&hand.pool)
-        .await
-        .expect("INSERT");
-    receipt
 }
 
-/// The first-call baseline on Postgres: charge, encode, one `INSERT` (one round trip and
-/// one commit; idem's claim and complete are two of each).
+/// The hand-written miss on Postgres, and the first-call baseline: charge, encode, one
+/// `INSERT` (one round trip and one commit; idem's claim and complete are two of each).
 async fn pg_write_by_hand(req: ChargeRequest) -> Receipt {
     let hand = PG_BY_HAND.get().expect("set up in main");
     let receipt = receipt_for(&req);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::observe::StoreClock;
-use super::step::step;
+use super::step::{poll_once, step};
 use super::MIN_DURATION;
 use crate::error::StoreError;
 use crate::key::Key;
@@ -43,8 +43,7 @@ pub(super) async fn with_heartbeat<O>(
     let period = (lease / 3).max(MIN_DURATION);
     let mut body = pin!(body);
     // A body done at its first poll needs no heartbeat: no timer is made for it.
-    let first = std::future::poll_fn(|cx| Poll::Ready(body.as_mut().poll(cx))).await;
-    if let Poll::Ready(out) = first {
+    if let Poll::Ready(out) = poll_once(body.as_mut()).await {
         return Beat {
             out,
             lost: false,

@@ -1,7 +1,7 @@
 //! The time bound on every store step, and how a store failure reads to the caller.
 
 use std::future::Future;
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -41,8 +41,7 @@ pub(super) async fn step<T>(
 ) -> Result<T, StoreError> {
     let started = clock.start();
     let mut call = pin!(call);
-    let first = std::future::poll_fn(|cx| Poll::Ready(call.as_mut().poll(cx))).await;
-    let res = match first {
+    let res = match poll_once(call.as_mut()).await {
         Poll::Ready(res) => Ok(res),
         // Boxed: the timer is large, and a step that needs it waits on the network.
         Poll::Pending => Box::pin(tokio::time::timeout(limit, call)).await,
@@ -58,4 +57,11 @@ pub(super) async fn step<T>(
             after: limit,
         }),
     }
+}
+
+/// Polls `fut` once: its output if it is ready at once, `Pending` (with the task's waker
+/// registered) if not, so that the caller decides what the wait needs (a timer, a heartbeat).
+pub(super) async fn poll_once<F: Future>(fut: Pin<&mut F>) -> Poll<F::Output> {
+    let mut fut = fut;
+    std::future::poll_fn(|cx| Poll::Ready(fut.as_mut().poll(cx))).await
 }

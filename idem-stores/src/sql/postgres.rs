@@ -192,18 +192,9 @@ impl Dialect for Postgres {
         // more to plan and run than the read. Only a key with no live record, or one this
         // token holds (a resent claim), goes on to the claim statement: a first call costs
         // a third round trip, next to its two commits.
-        let live = <Postgres as super::dialect::Driver>::fetch_optional(
-            store.pool(),
-            &store.statements().get,
-            vec![Self::key(key)],
-        )
-        .await
-        .map_err(err)?;
-        if let Some(row) = live {
-            let completed: bool = sqlx::Row::try_get(&row, "completed").map_err(err)?;
-            let row = store.live_row(&row, completed)?;
-            if completed || row.token != super::token_to_db(token) {
-                return row.into_claim(Self::BACKEND);
+        if let Some(live) = store.live(key).await? {
+            if live.completed || live.token != super::token_to_db(token) {
+                return live.into_claim(Self::BACKEND);
             }
         }
         for attempt in 1..=CLAIM_ATTEMPTS {

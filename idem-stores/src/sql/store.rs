@@ -221,6 +221,16 @@ impl<D: Dialect> SqlStore<D> {
         }
     }
 
+    /// The live record under `key`, if any: one read on the pool (the `get` statement).
+    pub(crate) async fn live(&self, key: &Key) -> Result<Option<LiveRow>, StoreError> {
+        let row = D::fetch_optional(&self.pool, &self.sql.get, vec![D::key(key)])
+            .await
+            .map_err(|e| self.error(e))?;
+        let Some(row) = row else { return Ok(None) };
+        let completed = D::flag(&row, Col::Name("completed")).map_err(|e| self.error(e))?;
+        self.live_row(&row, completed).map(Some)
+    }
+
     /// The live-record columns of `row`, as every dialect names them.
     pub(crate) fn live_row(&self, row: &D::Row, completed: bool) -> Result<LiveRow, StoreError> {
         let read = || -> Result<LiveRow, sqlx::Error> {
@@ -289,18 +299,10 @@ impl<D: Dialect> Store for SqlStore<D> {
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        let row = D::fetch_optional(&self.pool, &self.sql.get, vec![D::key(key)])
-            .await
-            .map_err(|e| self.error(e))?;
-        match row {
-            None => Ok(None),
-            Some(row) => {
-                let completed = D::flag(&row, Col::Name("completed")).map_err(|e| self.error(e))?;
-                self.live_row(&row, completed)?
-                    .into_record(D::BACKEND)
-                    .map(Some)
-            }
-        }
+        self.live(key)
+            .await?
+            .map(|live| live.into_record(D::BACKEND))
+            .transpose()
     }
 
     async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
