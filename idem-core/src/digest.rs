@@ -37,28 +37,78 @@ const FINGERPRINT_CONTEXT: &str = "idem 2026-11-29 fingerprint v1";
 /// assert_ne!(a, idem::digest_hex(&("order", 43)));
 /// ```
 pub fn digest_hex<T: Serialize + ?Sized>(value: &T) -> String {
-    hex(&try_digest(key_hasher(), value).unwrap_or_else(|msg| unique_digest(&msg)))
+    hex(&try_digest(&KEY, value).unwrap_or_else(|msg| unique_digest(&msg)))
 }
 
 /// The digest of `value`, or the error its `Serialize` implementation returned.
 pub(crate) fn try_digest_hex<T: Serialize + ?Sized>(value: &T) -> Result<String, String> {
-    try_digest(key_hasher(), value).map(|d| hex(&d))
+    try_digest(&KEY, value).map(|d| hex(&d))
 }
 
 /// The 128-bit fingerprint digest of `value`; unique to the call when `Serialize` fails, so
 /// that such a request is refused as another payload rather than answered with one.
 pub(crate) fn fingerprint_bytes<T: Serialize + ?Sized>(value: &T) -> [u8; 16] {
-    static FINGERPRINT: OnceLock<blake3::Hasher> = OnceLock::new();
-    let base = FINGERPRINT.get_or_init(|| blake3::Hasher::new_derive_key(FINGERPRINT_CONTEXT));
-    let full = try_digest(base, value).unwrap_or_else(|msg| unique_digest(&msg));
+    let full = try_digest(&FINGERPRINT, value).unwrap_or_else(|msg| unique_digest(&msg));
     let mut out = [0u8; 16];
     out.copy_from_slice(&full[..16]);
     out
 }
 
-fn key_hasher() -> &'static blake3::Hasher {
-    static KEY: OnceLock<blake3::Hasher> = OnceLock::new();
-    KEY.get_or_init(|| blake3::Hasher::new_derive_key(KEY_CONTEXT))
+/// A blake3 hasher keyed by a context string: derived once per process (deriving the key
+/// costs more than hashing a request), then one per thread, reset before each digest
+/// (a reset writes a few hundred bytes; a fresh copy of the hasher, about two thousand).
+struct Keyed {
+    context: &'static str,
+    base: OnceLock<blake3::Hasher>,
+}
+
+static KEY: Keyed = Keyed::new(KEY_CONTEXT);
+static FINGERPRINT: Keyed = Keyed::new(FINGERPRINT_CONTEXT);
+
+impl Keyed {
+    const fn new(context: &'static str) -> Self {
+        Keyed {
+            context,
+            base: OnceLock::new(),
+        }
+    }
+
+    fn base(&self) -> &blake3::Hasher {
+        self.base
+            .get_or_init(|| blake3::Hasher::new_derive_key(self.context))
+    }
+
+    /// The blake3 hash of `bytes` under this context.
+    fn hash(&'static self, bytes: &[u8]) -> [u8; 32] {
+        thread_local! {
+            /// This thread's hasher of each context, by the context's address.
+            static HASHERS: std::cell::RefCell<Vec<(usize, blake3::Hasher)>> =
+                const { std::cell::RefCell::new(Vec::new()) };
+        }
+        let id = self as *const Keyed as usize;
+        let kept = HASHERS.try_with(|cell| {
+            let mut hashers = cell.try_borrow_mut().ok()?;
+            let at = match hashers.iter().position(|(of, _)| *of == id) {
+                Some(at) => at,
+                None => {
+                    hashers.push((id, self.base().clone()));
+                    hashers.len() - 1
+                }
+            };
+            let hasher = &mut hashers[at].1;
+            hasher.reset();
+            hasher.update(bytes);
+            Some(*hasher.finalize().as_bytes())
+        });
+        match kept {
+            Ok(Some(hash)) => hash,
+            _ => {
+                let mut hasher = self.base().clone();
+                hasher.update(bytes);
+                *hasher.finalize().as_bytes()
+            }
+        }
+    }
 }
 
 fn hex(bytes: &[u8; 32]) -> String {
@@ -71,15 +121,10 @@ fn hex(bytes: &[u8; 32]) -> String {
     out
 }
 
-/// Encodes `value` into this thread's scratch buffer, then hashes it in one update with a
-/// clone of the keyed hasher (deriving the key from the context string costs more than
-/// hashing a request).
-fn try_digest<T: Serialize + ?Sized>(base: &blake3::Hasher, value: &T) -> Result<[u8; 32], String> {
-    with_canonical(value, |buf| {
-        let mut hasher = base.clone();
-        hasher.update(buf);
-        *hasher.finalize().as_bytes()
-    })
+/// Encodes `value` into this thread's scratch buffer, then hashes it in one update under
+/// the context of `keyed`.
+fn try_digest<T: Serialize + ?Sized>(keyed: &'static Keyed, value: &T) -> Result<[u8; 32], String> {
+    with_canonical(value, |buf| keyed.hash(buf))
 }
 
 /// The fixed encoding of `value` that digests hash, unhashed: two values with the same
