@@ -355,3 +355,92 @@ fn backends_are_named_and_wrappers_forward_the_name() {
     // A wrapper that overrides steps but not the name still names its inner store.
     assert_eq!(Store::backend(&Hanging::default()), "memory");
 }
+
+/// A memory store that says it bounds each of its steps by `bound` ([`Store::step_bound`]),
+/// and whose claims take `claim_takes`.
+#[derive(Debug)]
+struct SelfBounded {
+    inner: MemoryStore,
+    bound: Duration,
+    claim_takes: Duration,
+}
+
+#[idem::async_trait]
+impl StoreWrapper for SelfBounded {
+    type Inner = MemoryStore;
+    fn inner(&self) -> &MemoryStore {
+        &self.inner
+    }
+    async fn claim(
+        &self,
+        key: &Key,
+        fp: &Fingerprint,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        tokio::time::sleep(self.claim_takes).await;
+        self.inner.claim(key, fp, token, lease).await
+    }
+    fn step_bound(&self) -> Option<Duration> {
+        Some(self.bound)
+    }
+}
+
+fn self_bounded(bound: Duration, claim_takes: Duration) -> Idem {
+    let store = SelfBounded {
+        inner: MemoryStore::new(),
+        bound,
+        claim_takes,
+    };
+    Idem::builder()
+        .store(store)
+        .step_timeout(STEP)
+        .build()
+        .unwrap()
+}
+
+/// A store that bounds its own steps within the step timeout (the Redis store, by its
+/// command timeout) is timed by that bound alone: the engine adds no timer of its own. So a
+/// claim that (against its word) outlasts the step timeout is not cut off by the engine.
+#[tokio::test(start_paused = true)]
+async fn a_store_bounding_its_steps_within_the_step_timeout_gets_no_second_timer() {
+    let idem = self_bounded(STEP / 2, STEP * 2);
+    let started = Instant::now();
+    let v: u32 = idem
+        .call(key("self-bounded"), Fingerprint::NONE)
+        .run(|| async { 5 })
+        .await
+        .unwrap();
+    assert_eq!((v, started.elapsed()), (5, STEP * 2));
+}
+
+/// A bound longer than the step timeout changes nothing: the step timeout still holds.
+#[tokio::test(start_paused = true)]
+async fn a_store_bound_past_the_step_timeout_is_not_trusted() {
+    let idem = self_bounded(STEP * 4, STEP * 2);
+    let started = Instant::now();
+    let err = idem
+        .call(key("loosely-bounded"), Fingerprint::NONE)
+        .run(|| async { 5u32 })
+        .await
+        .unwrap_err();
+    assert_eq!(started.elapsed(), STEP);
+    assert_timeout(&err, "claim", STEP);
+}
+
+/// A wrapper does not inherit the bound of the store it wraps (what it adds is outside
+/// it); a boxed store is its store and keeps it; the Redis store's is its command timeout.
+#[test]
+fn wrappers_do_not_inherit_a_step_bound_and_boxes_do() {
+    let bounded = SelfBounded {
+        inner: MemoryStore::new(),
+        bound: STEP,
+        claim_takes: Duration::ZERO,
+    };
+    assert_eq!(Store::step_bound(&bounded), Some(STEP));
+    let wrapped = Hanging::default();
+    assert_eq!(Store::step_bound(&wrapped), None);
+    let boxed: Box<dyn Store> = Box::new(bounded);
+    assert_eq!(Store::step_bound(&boxed), Some(STEP));
+    assert_eq!(Store::step_bound(&Arc::new(boxed)), Some(STEP));
+}

@@ -272,6 +272,17 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     fn backend(&self) -> &'static str {
         "custom"
     }
+
+    /// How long a step of this store takes at most, when the store bounds each step itself:
+    /// `Some(d)` promises that [`claim`](Store::claim), [`complete`](Store::complete),
+    /// [`release`](Store::release), [`extend`](Store::extend), [`get`](Store::get) and
+    /// [`delete`](Store::delete) each answer within `d`, with a [`StoreError::Timeout`]
+    /// naming the step if nothing else. The engine then runs a step under no timer of its
+    /// own when `d` is within its step timeout, rather than under two (the Redis store
+    /// bounds each script by its command timeout). `None`, the default, promises nothing.
+    fn step_bound(&self) -> Option<Duration> {
+        None
+    }
 }
 
 macro_rules! forward_store {
@@ -304,6 +315,9 @@ macro_rules! forward_store {
             }
             fn backend(&self) -> &'static str {
                 (**self).backend()
+            }
+            fn step_bound(&self) -> Option<Duration> {
+                (**self).step_bound()
             }
         }
     )*};

@@ -118,6 +118,13 @@ pub trait StoreWrapper: Send + Sync + fmt::Debug + 'static {
     fn backend(&self) -> &'static str {
         self.inner().backend()
     }
+
+    /// [`Store::step_bound`]; none unless overridden, and not the inner store's: what a
+    /// wrapper adds around a step (a retry, a delay, a second call) is outside the inner
+    /// store's bound. A wrapper that adds no time may forward it.
+    fn step_bound(&self) -> Option<Duration> {
+        None
+    }
 }
 
 #[async_trait]
@@ -161,6 +168,9 @@ impl<W: StoreWrapper> Store for W {
     fn backend(&self) -> &'static str {
         StoreWrapper::backend(self)
     }
+    fn step_bound(&self) -> Option<Duration> {
+        StoreWrapper::step_bound(self)
+    }
 }
 
 /// A boxed store is a wrapper of what it holds (an impl of its own would overlap with the
@@ -169,5 +179,8 @@ impl<S: Store + ?Sized> StoreWrapper for Box<S> {
     type Inner = S;
     fn inner(&self) -> &S {
         self
+    }
+    fn step_bound(&self) -> Option<Duration> {
+        (**self).step_bound()
     }
 }

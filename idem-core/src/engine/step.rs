@@ -31,7 +31,9 @@ pub(super) fn store_error(key: &Key, source: StoreError) -> Error {
 /// long per step, and the error says which step of which backend ran out of time.
 ///
 /// The step is polled once before its timer is made: a store that answers at once (the
-/// memory store, a cache) costs no timer. Its time is added to `clock`.
+/// memory store, a cache) costs no timer. A store that bounds its steps itself within
+/// `limit` ([`Store::step_bound`]) gets no timer from here either: one is enough. Its time
+/// is added to `clock`.
 pub(super) async fn step<T>(
     store: &dyn Store,
     clock: &StoreClock,
@@ -40,11 +42,17 @@ pub(super) async fn step<T>(
     call: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
     let started = clock.start();
-    let mut call = pin!(call);
-    let res = match poll_once(call.as_mut()).await {
-        Poll::Ready(res) => Ok(res),
-        // Boxed: the timer is large, and a step that needs it waits on the network.
-        Poll::Pending => Box::pin(tokio::time::timeout(limit, call)).await,
+    // `wait` is not one of the steps a store's bound covers: it waits as long as it is told.
+    let bounded = name != "wait" && store.step_bound().is_some_and(|bound| bound <= limit);
+    let res = if bounded {
+        Ok(call.await)
+    } else {
+        let mut call = pin!(call);
+        match poll_once(call.as_mut()).await {
+            Poll::Ready(res) => Ok(res),
+            // Boxed: the timer is large, and a step that needs it waits on the network.
+            Poll::Pending => Box::pin(tokio::time::timeout(limit, call)).await,
+        }
     };
     if let Some(started) = started {
         super::observe::store_step(clock, store.backend(), name, started.elapsed());

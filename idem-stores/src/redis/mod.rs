@@ -321,6 +321,12 @@ impl Store for RedisStore {
     fn backend(&self) -> &'static str {
         self.conn.backend()
     }
+
+    /// The command timeout: each step is one script under it (its reload after a
+    /// `NOSCRIPT` included).
+    fn step_bound(&self) -> Option<Duration> {
+        Some(self.command_timeout)
+    }
 }
 
 /// A client error as a [`StoreError`]: temporary when the server could not be reached or

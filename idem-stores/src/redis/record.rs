@@ -31,6 +31,10 @@ pub(crate) fn record_key(prefix: &str, key: &Key) -> String {
     let key = key.as_str();
     let mut out = String::with_capacity(prefix.len() + key.len() + 8);
     out.push_str(prefix);
+    if !key.bytes().any(|b| matches!(b, b'%' | b'{' | b'}')) {
+        out.push_str(key);
+        return out;
+    }
     for c in key.chars() {
         match c {
             '%' => out.push_str("%25"),
