@@ -54,8 +54,9 @@ fn cached_engine() -> &'static Idem {
     &ENGINE
 }
 
-/// On an engine with a local cache in front of its memory store.
-#[idempotent(key = req.order_id, store = cached_engine())]
+/// On an engine with a local cache in front of its memory store; a hit answers a clone of
+/// the decoded receipt, as `#[cached]` does (`clone_cached`).
+#[idempotent(key = req.order_id, store = cached_engine(), clone_cached)]
 async fn charge_local(req: ChargeRequest) -> Receipt {
     receipt_for(&req)
 }
@@ -68,7 +69,7 @@ async fn charge_unchecked(req: ChargeRequest) -> Receipt {
 }
 
 /// The local cache without a payload check.
-#[idempotent(key = req.order_id, store = cached_engine(), fingerprint = none)]
+#[idempotent(key = req.order_id, store = cached_engine(), fingerprint = none, clone_cached)]
 async fn charge_local_unchecked(req: ChargeRequest) -> Receipt {
     receipt_for(&req)
 }

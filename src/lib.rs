@@ -245,6 +245,7 @@ pub use idem_http as http;
 /// | `codec` | a [`Codec`] value for the stored result | the engine's (JSON) |
 /// | `version` | an integer written into every stored record; records of another version are refused | `0` |
 /// | `missing_key` | `"error"` or `"run"`: what a call whose key is `None` does | `"error"` ([`Error::MissingKey`]) |
+/// | `clone_cached` | alone: the engine's local cache keeps the result decoded and answers a hit with a clone (the type must be `Clone + Send + Sync + 'static`) | a hit decodes the cached bytes |
 /// | `crate` | the path of the `idem` crate, as a string, when it is renamed | `"::idem"` |
 ///
 /// Durations are string literals, checked at compile time (a whole number and one of
@@ -485,6 +486,37 @@ pub use idem_http as http;
 /// # let req = || Signup { request_id: None, email: "a@b".into() };
 /// # assert_eq!(sign_up(req()).await.unwrap(), "welcome a@b");
 /// # assert_eq!(sign_up(req()).await.unwrap(), "welcome a@b");
+/// # }
+/// ```
+///
+/// ## `clone_cached`
+///
+/// With a local cache on the engine ([`IdemBuilder::local_cache`]), a hit decodes the
+/// cached record like a replay from the store. `clone_cached` keeps the decoded value
+/// beside it instead, and answers each hit with a clone: the same value, since only a value
+/// that came back unchanged through its codec is kept. The payload is still checked, and a
+/// record of another `version` or codec is still refused.
+///
+/// ```
+/// # use std::time::Duration;
+/// # use idem::{idempotent, Idem, MemoryStore};
+/// #[derive(Clone, serde::Serialize, serde::Deserialize)]
+/// pub struct Quote { cents: u64 }
+///
+/// #[idempotent(key = order_id, store = idem, skip(idem), clone_cached)]
+/// async fn quote(idem: &Idem, order_id: String) -> Quote {
+///     Quote { cents: 1250 }
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let idem = Idem::builder()
+///     .store(MemoryStore::new())
+///     .local_cache(10_000, Duration::from_secs(60))
+///     .build()
+///     .unwrap();
+/// quote(&idem, "o-1".into()).await.unwrap();
+/// // A clone of the value the cache kept, not a decode.
+/// assert_eq!(quote(&idem, "o-1".into()).await.unwrap().cents, 1250);
 /// # }
 /// ```
 ///

@@ -787,3 +787,160 @@ async fn same_named_methods_of_two_types_never_share_keys() {
     let scope = concat!(module_path!(), "::Orders::create");
     assert!(stored(&idem, Key::digest(scope, &(&7u64,)).unwrap()).await);
 }
+
+// --- `clone_cached`: the local cache keeps the result decoded ------------------------------
+
+/// Counts how often a result type is decoded: serde's derive on a twin, then a tally.
+macro_rules! decode_counted {
+    ($name:ident, $twin:ident, $count:ident $(, $derive:ident)*) => {
+        static $count: AtomicU32 = AtomicU32::new(0);
+        #[derive(Debug, PartialEq, Serialize $(, $derive)*)]
+        struct $name {
+            charge_id: String,
+            amount_cents: u64,
+        }
+        #[derive(Deserialize)]
+        struct $twin {
+            charge_id: String,
+            amount_cents: u64,
+        }
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                $count.fetch_add(1, Ordering::SeqCst);
+                let $twin { charge_id, amount_cents } = $twin::deserialize(d)?;
+                Ok($name { charge_id, amount_cents })
+            }
+        }
+    };
+}
+decode_counted!(Shared, SharedTwin, SHARED_DECODES, Clone);
+decode_counted!(Unshared, UnsharedTwin, UNSHARED_DECODES);
+decode_counted!(Relayed, RelayedTwin, RELAYED_DECODES, Clone);
+
+fn cached_engine() -> Idem {
+    Idem::builder()
+        .store(MemoryStore::new())
+        .local_cache(16, Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+#[idempotent(key = order_id, store = idem, skip(idem, calls), clone_cached)]
+async fn charge_shared(idem: &Idem, calls: &AtomicU32, order_id: u32, amount_cents: u64) -> Shared {
+    let n = calls.fetch_add(1, Ordering::SeqCst);
+    Shared {
+        charge_id: format!("ch_{order_id}_{n}"),
+        amount_cents,
+    }
+}
+
+#[idempotent(key = order_id, store = idem, skip(idem, calls))]
+async fn charge_unshared(
+    idem: &Idem,
+    calls: &AtomicU32,
+    order_id: u32,
+    amount_cents: u64,
+) -> Unshared {
+    let n = calls.fetch_add(1, Ordering::SeqCst);
+    Unshared {
+        charge_id: format!("ch_{order_id}_{n}"),
+        amount_cents,
+    }
+}
+
+#[tokio::test]
+async fn with_clone_cached_a_local_cache_hit_clones_and_without_it_decodes() {
+    let idem = cached_engine();
+    let calls = AtomicU32::new(0);
+    let first = charge_shared(&idem, &calls, 1, 500).await.unwrap();
+    // The first run decodes its own sealed value once, to check it survives its codec.
+    assert_eq!(SHARED_DECODES.load(Ordering::SeqCst), 1);
+    for _ in 0..5 {
+        assert_eq!(charge_shared(&idem, &calls, 1, 500).await.unwrap(), first);
+    }
+    assert_eq!(
+        (runs(&calls), SHARED_DECODES.load(Ordering::SeqCst)),
+        (1, 1),
+        "with clone_cached, replays come from the cache's decoded copy"
+    );
+    // The payload is still checked on a hit.
+    let reuse = charge_shared(&idem, &calls, 1, 501).await;
+    assert!(matches!(reuse, Err(Error::KeyReuse { .. })), "{reuse:?}");
+
+    let first = charge_unshared(&idem, &calls, 2, 500).await.unwrap();
+    for _ in 0..5 {
+        assert_eq!(charge_unshared(&idem, &calls, 2, 500).await.unwrap(), first);
+    }
+    assert_eq!(
+        (runs(&calls), UNSHARED_DECODES.load(Ordering::SeqCst)),
+        (2, 6),
+        "without clone_cached each hit decodes"
+    );
+}
+
+#[idempotent(key = order_id, store = idem, skip(idem), scope = "billing::versioned", clone_cached)]
+async fn receipt_v1(idem: &Idem, order_id: u32) -> String {
+    format!("v1 receipt {order_id}")
+}
+
+#[idempotent(key = order_id, store = idem, skip(idem), scope = "billing::versioned", version = 2, clone_cached)]
+async fn receipt_v2(idem: &Idem, order_id: u32) -> String {
+    format!("v2 receipt {order_id}")
+}
+
+#[tokio::test]
+async fn a_local_cache_hit_still_refuses_a_record_of_another_version() {
+    let idem = cached_engine();
+    assert_eq!(receipt_v1(&idem, 3).await.unwrap(), "v1 receipt 3");
+    assert_eq!(receipt_v1(&idem, 3).await.unwrap(), "v1 receipt 3");
+    let newer = receipt_v2(&idem, 3).await;
+    assert!(
+        matches!(
+            newer,
+            Err(Error::Decode {
+                source: idem::DecodeError::ResultVersion { .. },
+                ..
+            })
+        ),
+        "{newer:?}"
+    );
+}
+
+#[idempotent(key = order_id, store = idem, skip(idem, calls), clone_cached)]
+async fn charge_relayed(
+    idem: &Idem,
+    calls: &AtomicU32,
+    order_id: u32,
+    amount_cents: u64,
+) -> Relayed {
+    calls.fetch_add(1, Ordering::SeqCst);
+    Relayed {
+        charge_id: format!("ch_{order_id}"),
+        amount_cents,
+    }
+}
+
+#[tokio::test]
+async fn a_local_cache_keeps_a_replay_read_from_the_store_decoded_for_the_next() {
+    let writer = Idem::new(MemoryStore::new());
+    let calls = AtomicU32::new(0);
+    let first = charge_relayed(&writer, &calls, 9, 700).await.unwrap();
+    let reader = Idem::builder()
+        .store(writer.store().clone())
+        .local_cache(16, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let before = RELAYED_DECODES.load(Ordering::SeqCst);
+    for _ in 0..4 {
+        assert_eq!(
+            charge_relayed(&reader, &calls, 9, 700).await.unwrap(),
+            first
+        );
+    }
+    assert_eq!(runs(&calls), 1);
+    assert_eq!(
+        RELAYED_DECODES.load(Ordering::SeqCst) - before,
+        1,
+        "the store's replay is decoded once, the three hits after it clone"
+    );
+}

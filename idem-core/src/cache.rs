@@ -5,13 +5,17 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
+use crate::engine::SharedValue;
 use crate::key::Key;
 use crate::store::Fingerprint;
 
 #[derive(Clone)]
 pub(crate) struct Hit {
     pub fingerprint: Fingerprint,
+    /// The sealed record, as the store holds it.
     pub payload: Bytes,
+    /// The record's value, decoded, for a type the caller can clone out of it.
+    pub value: Option<SharedValue>,
     expires_at: Instant,
 }
 
@@ -37,7 +41,14 @@ impl LocalCache {
         Some(hit)
     }
 
-    pub fn insert(&self, key: Key, fingerprint: Fingerprint, payload: Bytes, ttl: Duration) {
+    pub fn insert(
+        &self,
+        key: Key,
+        fingerprint: Fingerprint,
+        payload: Bytes,
+        value: Option<SharedValue>,
+        ttl: Duration,
+    ) {
         let Some(expires_at) = Instant::now().checked_add(ttl.min(self.max_age)) else {
             return;
         };
@@ -46,6 +57,7 @@ impl LocalCache {
             Hit {
                 fingerprint,
                 payload,
+                value,
                 expires_at,
             },
         );

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
 
+pub use crate::engine::{Share, ValueOps};
 pub use crate::{Call, Error, Fingerprint, Idem, InProgress, Key, MissingKey};
 
 use crate::codec::Codec;
@@ -392,12 +393,26 @@ impl<T> ViaNoEq<T> for EqProbe<T> {
     }
 }
 
+/// A result type kept decoded in the local cache (`clone_cached`).
+#[diagnostic::on_unimplemented(
+    message = "with `clone_cached`, the result type `{Self}` must be `Clone + Send + Sync + 'static`",
+    label = "a local-cache hit answers a clone of the decoded value the cache keeps",
+    note = "derive `Clone` for `{Self}`, or leave `clone_cached` out: a hit then decodes the cached bytes"
+)]
+pub trait SharedResult: Clone + Send + Sync + 'static {}
+impl<T: Clone + Send + Sync + 'static> SharedResult for T {}
+
+/// The sharing functions of a `clone_cached` result type.
+pub fn share<T: SharedResult>() -> Option<Share<T>> {
+    Share::of()
+}
+
 /// [`Call::run`] for a function that returns a value `T` (or `Outcome<T>`, with
 /// `R = WithOutcome`). A plain function that returns the engine's future, so that the call
 /// adds no layer of its own.
 pub fn run<'a, T, C, R, F, Fut>(
     call: Call<'a, C, R>,
-    eq: ValueEq<T>,
+    eq: ValueOps<T>,
     body: F,
 ) -> impl Future<Output = Result<R::Out<T>, Error>> + use<'a, T, C, R, F, Fut>
 where
@@ -415,7 +430,7 @@ where
 /// the user's error type), so that this future's type carries no bound on `E`.
 pub fn run_fallible<'a, T, E, C, R, F, Fut>(
     call: Call<'a, C, R>,
-    eq: ValueEq<T>,
+    eq: ValueOps<T>,
     from_idem: fn(Error) -> E,
     body: F,
 ) -> impl Future<Output = Result<R::Out<T>, E>> + use<'a, T, E, C, R, F, Fut>
@@ -437,7 +452,7 @@ pub fn error_from<E: IdemErrorType>(e: Error) -> E {
 /// [`Call::run_caching_errors`] for a function with `cache_errors`.
 pub fn run_caching_errors<'a, T, E, C, R, P, F, Fut>(
     call: Call<'a, C, R>,
-    eq: (ValueEq<T>, ValueEq<E>),
+    eq: (ValueOps<T>, ValueEq<E>),
     cache_if: P,
     body: F,
 ) -> impl Future<Output = Result<R::Out<T>, E>> + use<'a, T, E, C, R, P, F, Fut>

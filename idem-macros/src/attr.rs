@@ -61,6 +61,7 @@ pub const OPTIONS: &[&str] = &[
     "codec",
     "version",
     "missing_key",
+    "clone_cached",
     "crate",
 ];
 
@@ -78,6 +79,7 @@ pub mod kw {
     syn::custom_keyword!(codec);
     syn::custom_keyword!(version);
     syn::custom_keyword!(missing_key);
+    syn::custom_keyword!(clone_cached);
     syn::custom_keyword!(none);
     syn::custom_keyword!(__impl);
 }
@@ -131,6 +133,8 @@ pub struct Args {
     pub codec: Option<Opt<Expr>>,
     pub version: Option<Opt<syn::LitInt>>,
     pub missing_key: Option<Opt<MissingKeyMode>>,
+    /// `clone_cached`: local-cache hits answer a clone of the kept decoded value.
+    pub clone_cached: Option<Opt<()>>,
     pub krate: Option<Opt<syn::Path>>,
     /// Set by `#[idem::scoped]` on the enclosing impl block: the impl's type as the source
     /// spells it (`Payments`, `<Payments as Charge>`), which names a method's default scope.
@@ -278,6 +282,15 @@ impl Args {
                 ));
             };
             self.set(|a| &mut a.version, "version", name_span, version)
+        } else if input.peek(kw::clone_cached) {
+            input.parse::<kw::clone_cached>()?;
+            if input.peek(Token![=]) {
+                return Err(syn::Error::new(
+                    input.span(),
+                    "`clone_cached` takes no value: write it alone, as in `#[idempotent(key = id, clone_cached)]`",
+                ));
+            }
+            self.set(|a| &mut a.clone_cached, "clone_cached", name_span, ())
         } else if input.peek(kw::missing_key) {
             input.parse::<kw::missing_key>()?;
             input.parse::<Token![=]>()?;

@@ -68,9 +68,20 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
             (&&#pr::EqProbe::<#ty>::NEW).__idem_eq()
         })
     };
+    // What the engine may do with a result beyond serde: compare it by `==`, and, with
+    // `clone_cached`, keep it decoded in the local cache. That one is asked for rather than
+    // probed: a probe cannot see whether a generic type is `'static`.
+    let ops_of = |ty: &TokenStream| {
+        let eq = eq_of(ty);
+        let share = match &args.clone_cached {
+            Some(opt) => quote_spanned!(opt.name=> #pr::share::<#ty>()),
+            None => quote!(::core::option::Option::None),
+        };
+        quote!(#pr::ValueOps::new(#eq, #share))
+    };
     let (run, turbofish, from_idem, at, eqs) = match &checked.ret {
         Ret::Value(ty) => {
-            let eq = eq_of(&ty.to_token_stream());
+            let eq = ops_of(&ty.to_token_stream());
             (
                 quote!(run),
                 quote!(#ty, _, _, _, _),
@@ -95,7 +106,7 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
                 Some(ty) => ty.to_token_stream(),
                 None => quote!(<#full as #pr::Fallible>::Err),
             };
-            let ok_eq = eq_of(&ok);
+            let ok_eq = ops_of(&ok);
             if args.cache_errors.is_some() {
                 let err_eq = eq_of(&err);
                 (

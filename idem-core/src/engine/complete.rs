@@ -151,6 +151,59 @@ pub(super) fn decode<C: Codec, T: DeserializeOwned, E, P: ErrorPolicy<E>>(
 /// at compile time); the engine alone only sees `Serialize`.
 pub(crate) type ValueEq<T> = Option<fn(&T, &T) -> bool>;
 
+/// What the caller knows of a result type beyond serde: its `==`, and
+/// whether the local cache may keep it decoded and clone it out (`clone_cached`, for a
+/// `Clone + Send + Sync + 'static` type). The engine API alone knows neither.
+pub struct ValueOps<T> {
+    pub(crate) eq: ValueEq<T>,
+    pub(crate) share: Option<Share<T>>,
+}
+
+impl<T> ValueOps<T> {
+    /// Nothing known beyond serde.
+    pub(crate) const NONE: ValueOps<T> = ValueOps {
+        eq: None,
+        share: None,
+    };
+
+    /// From the `==` and the sharing functions of the type, when it has them.
+    pub fn new(eq: ValueEq<T>, share: Option<Share<T>>) -> Self {
+        ValueOps { eq, share }
+    }
+
+    /// The decoded value to keep in the local cache beside the record, if the type allows
+    /// it and the outcome is a value.
+    pub(crate) fn keep<E>(&self, out: &Result<T, E>) -> Option<SharedValue> {
+        match (out, &self.share) {
+            (Ok(v), Some(share)) => Some((share.keep)(v)),
+            _ => None,
+        }
+    }
+}
+
+/// How a result is kept decoded in the local cache: put behind an `Arc` once, when it is
+/// stored or first read from the store, then cloned out of it on each hit, instead of
+/// decoding the cached bytes every time. Only a value that has come back unchanged through
+/// its codec gets there (a first run's value after the round-trip check, or the value the
+/// store's bytes decoded to), so a clone is what decoding would have answered.
+pub struct Share<T> {
+    pub(crate) keep: fn(&T) -> SharedValue,
+    pub(crate) clone_out: fn(&SharedValue) -> Option<T>,
+}
+
+/// A decoded result held by the local cache.
+pub type SharedValue = std::sync::Arc<dyn std::any::Any + Send + Sync>;
+
+impl<T: Clone + Send + Sync + 'static> Share<T> {
+    /// The sharing functions of `T`.
+    pub fn of() -> Option<Self> {
+        Some(Share {
+            keep: |v| std::sync::Arc::new(v.clone()),
+            clone_out: |shared| shared.downcast_ref::<T>().cloned(),
+        })
+    }
+}
+
 /// Whether a value and its copy decoded from the store are the same: as serde sees them
 /// (their canonical encodings match), and by `==` when there is one. serde alone cannot
 /// see every difference: an untagged enum serializes its variants' contents only, so

@@ -7,7 +7,7 @@ use serde::{de::DeserializeOwned, Serialize};
 
 use super::builder::check_duration;
 use super::claim::{claim_or_wait, Claimed};
-use super::complete::{check_round_trip, decode, store_result, ErrorPolicy, ValueEq};
+use super::complete::{check_round_trip, decode, store_result, ErrorPolicy, ValueOps};
 use super::heartbeat::with_heartbeat;
 use super::observe::{count_call, outcome_label, InFlight, StoreClock};
 use super::release::ReleaseGuard;
@@ -34,7 +34,7 @@ impl<C: Codec, R> Call<'_, C, R> {
         self,
         body: F,
         policy: P,
-        eq: ValueEq<T>,
+        ops: ValueOps<T>,
         finish: impl FnOnce(Result<(Result<T, E>, Origin), Error>) -> O,
     ) -> O
     where
@@ -70,10 +70,10 @@ impl<C: Codec, R> Call<'_, C, R> {
         let _in_flight = InFlight::start();
         let (mut released, mut unkeyed) = (false, false);
         let clock = StoreClock::for_span(&span);
-        let res = match span.in_scope(|| self.local_hit(&policy)) {
+        let res = match span.in_scope(|| self.local_hit(&policy, &ops)) {
             Some(res) => res,
             None => {
-                self.execute_in_span(body, policy, eq, &clock, &mut released, &mut unkeyed)
+                self.execute_in_span(body, policy, ops, &clock, &mut released, &mut unkeyed)
                     .instrument(span.clone())
                     .await
             }
@@ -88,9 +88,10 @@ impl<C: Codec, R> Call<'_, C, R> {
     }
 
     /// The answer of the local cache, when it has the key: checked before anything else is
-    /// built, so that a hit costs a lookup and a decode. `None` sends the call on to the
-    /// store (also when an option is invalid: the full path refuses it).
-    fn local_hit<T, E, P>(&self, policy: &P) -> Option<Executed<T, E>>
+    /// built, so that a hit costs a lookup and a clone of the decoded value (or, for a type
+    /// that cannot be kept decoded, a decode). `None` sends the call on to the store (also
+    /// when an option is invalid: the full path refuses it).
+    fn local_hit<T, E, P>(&self, policy: &P, ops: &ValueOps<T>) -> Option<Executed<T, E>>
     where
         T: DeserializeOwned,
         P: ErrorPolicy<E>,
@@ -110,6 +111,14 @@ impl<C: Codec, R> Call<'_, C, R> {
             return Some(Err(Error::KeyReuse { key: key.clone() }));
         }
         tracing::debug!(target: "idem", key = %key, "replay from the local cache");
+        if let (Some(shared), Some(share)) = (&hit.value, &ops.share) {
+            // The envelope's header still decides (its codec and version must be the
+            // call's), so that a hit answers what the store would have.
+            let header = envelope::open(&self.codec, self.version, &hit.payload);
+            if let (Ok((Kind::Value, _)), Some(v)) = (header, (share.clone_out)(shared)) {
+                return Some(Ok((Ok(v), Origin::LocalCache)));
+            }
+        }
         let out = decode(&self.codec, policy, self.version, key.clone(), &hit.payload);
         Some(out.map(|out| (out, Origin::LocalCache)))
     }
@@ -121,7 +130,7 @@ impl<C: Codec, R> Call<'_, C, R> {
         self,
         body: F,
         policy: P,
-        eq: ValueEq<T>,
+        ops: ValueOps<T>,
         clock: &StoreClock,
         released: &mut bool,
         unkeyed: &mut bool,
@@ -179,10 +188,11 @@ impl<C: Codec, R> Call<'_, C, R> {
                 fingerprint,
                 payload,
             } => {
+                let out = decode(codec, &policy, version, key.clone(), &payload)?;
                 if let Some(cache) = &inner.cache {
-                    cache.insert(key.clone(), fingerprint, payload.clone(), ttl);
+                    let value = ops.keep(&out);
+                    cache.insert(key, fingerprint, payload, value, ttl);
                 }
-                let out = decode(codec, &policy, version, key, &payload)?;
                 return Ok((out, Origin::Store));
             }
         };
@@ -220,7 +230,7 @@ impl<C: Codec, R> Call<'_, C, R> {
             // ends with its lease instead, also when this future is dropped mid-way.
             guard.disarm();
             let (sealed, out) =
-                check_round_trip(codec, &policy, version, &key, beat.out, sealed, eq)?;
+                check_round_trip(codec, &policy, version, &key, beat.out, sealed, ops.eq)?;
             if beat.lost {
                 return Err(Error::LeaseLost { key });
             }
@@ -238,7 +248,8 @@ impl<C: Codec, R> Call<'_, C, R> {
             .await?;
             tracing::debug!(target: "idem", key = %key, token = %token, "completed");
             if let Some(cache) = &inner.cache {
-                cache.insert(key, fp, sealed, ttl);
+                let value = ops.keep(&out);
+                cache.insert(key, fp, sealed, value, ttl);
             }
             Ok((out, Origin::Ran))
         })

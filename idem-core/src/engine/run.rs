@@ -10,7 +10,7 @@ use std::future::Future;
 
 use serde::{de::DeserializeOwned, Serialize};
 
-use super::complete::{CacheIf, NoCache, ValueEq};
+use super::complete::{CacheIf, NoCache, ValueEq, ValueOps};
 use super::outcome::Answer;
 use super::Call;
 use crate::codec::Codec;
@@ -27,14 +27,14 @@ impl<'a, C: Codec, R: Answer> Call<'a, C, R> {
         Fut: Future<Output = T>,
         T: Serialize + DeserializeOwned,
     {
-        self.run_eq(None, body)
+        self.run_eq(ValueOps::NONE, body)
     }
 
-    /// [`run`](Self::run), also comparing the decoded result with `==` when `#[idempotent]`
-    /// found that its type has one.
+    /// [`run`](Self::run), also comparing the decoded result with `==` and keeping it
+    /// decoded in the local cache when `#[idempotent]` found that its type allows it.
     pub(crate) fn run_eq<T, F, Fut>(
         self,
-        eq: ValueEq<T>,
+        eq: ValueOps<T>,
         body: F,
     ) -> impl Future<Output = Result<R::Out<T>, Error>> + use<'a, C, R, T, F, Fut>
     where
@@ -64,14 +64,14 @@ impl<'a, C: Codec, R: Answer> Call<'a, C, R> {
         T: Serialize + DeserializeOwned,
         E: From<Error>,
     {
-        self.run_fallible_with(None, E::from, body)
+        self.run_fallible_with(ValueOps::NONE, E::from, body)
     }
 
-    /// [`run_fallible`](Self::run_fallible) with the `==` of the result type, if known, and
-    /// the conversion of idem's own errors into the body's.
+    /// [`run_fallible`](Self::run_fallible) with what is known of the result type (see
+    /// [`ValueOps`]), and the conversion of idem's own errors into the body's.
     pub(crate) fn run_fallible_with<T, E, F, Fut, I>(
         self,
-        eq: ValueEq<T>,
+        eq: ValueOps<T>,
         from_idem: I,
         body: F,
     ) -> impl Future<Output = Result<R::Out<T>, E>> + use<'a, C, R, T, E, F, Fut, I>
@@ -101,15 +101,15 @@ impl<'a, C: Codec, R: Answer> Call<'a, C, R> {
         E: From<Error> + Serialize + DeserializeOwned,
         P: Fn(&E) -> bool,
     {
-        self.run_caching_errors_eq(cache_if, (None, None), body)
+        self.run_caching_errors_eq(cache_if, (ValueOps::NONE, None), body)
     }
 
-    /// [`run_caching_errors`](Self::run_caching_errors) with the `==` of the result and
-    /// error types, if known.
+    /// [`run_caching_errors`](Self::run_caching_errors) with what is known of the result
+    /// type and the `==` of the error type.
     pub(crate) fn run_caching_errors_eq<T, E, F, Fut, P>(
         self,
         cache_if: P,
-        (eq, error_eq): (ValueEq<T>, ValueEq<E>),
+        (eq, error_eq): (ValueOps<T>, ValueEq<E>),
         body: F,
     ) -> impl Future<Output = Result<R::Out<T>, E>> + use<'a, C, R, T, E, F, Fut, P>
     where
