@@ -18,6 +18,8 @@
 //!   current-thread runtime, as a service's worker threads are); the time is per call, so
 //!   `threads_1 / threads_2` is the throughput gained by the second core.
 //! - `digest`: what a fingerprint of the request costs beside hashing its JSON by hand.
+//! - `replay_parts`: the parts of a replay alone (key, fingerprint, the store's claim, the
+//!   envelope and decode), to see what the call around them adds.
 //!
 //! The replay groups also time `idem_fingerprint_none`: the same function with
 //! `fingerprint = none`, which checks no payload, as neither baseline does.
@@ -232,6 +234,84 @@ fn digest(c: &mut Criterion) {
     g.finish();
 }
 
+/// The parts of a memory replay, each alone, as the engine does them: the key, the
+/// fingerprint of the argument tuple, the claim through `dyn Store` (answered by the stored
+/// record), and the envelope check plus JSON decode of the receipt. Their sum against
+/// `memory_replay/idem` shows what the call around them costs (span, options, futures).
+/// And the two store steps of a first call, against `memory_first_call`.
+fn replay_parts(c: &mut Criterion) {
+    let rt = runtime();
+    let req = request(42);
+    let store: Arc<dyn idem::Store> = Arc::new(MemoryStore::new());
+    let scope = "memory::charge";
+    let key = idem::Key::new(scope, &req.order_id).expect("a key");
+    let fp = Fingerprint::of(&(&req,));
+    let lease = Duration::from_secs(30);
+    let payload = rt.block_on(async {
+        let token = idem::Token::random();
+        store.claim(&key, &fp, token, lease).await.expect("a claim");
+        let sealed = idem_core::envelope::seal_value(&idem::Json, 0, &receipt_for(&req))
+            .expect("a receipt seals");
+        store
+            .complete(&key, token, sealed.into(), Duration::from_secs(3600))
+            .await
+            .expect("stored");
+        match store.claim(&key, &fp, idem::Token::random(), lease).await {
+            Ok(idem::Claim::Completed { payload, .. }) => payload,
+            other => panic!("expected the stored record, got {other:?}"),
+        }
+    });
+    let mut g = c.benchmark_group("replay_parts");
+    g.bench_function("key", |b| {
+        b.iter(|| idem::Key::new(scope, black_box(&req.order_id)).expect("a key"))
+    });
+    g.bench_function("fingerprint", |b| {
+        b.iter(|| Fingerprint::of(&(black_box(&req),)))
+    });
+    g.bench_function("store_claim", |b| {
+        b.to_async(&rt).iter(|| async {
+            store
+                .claim(&key, &fp, idem::Token::random(), lease)
+                .await
+                .expect("the stored record")
+        })
+    });
+    // A first call's two store steps on a key never seen (the map grows, as in
+    // `memory_first_call`): the claim must be visible before the body runs, so it is its own
+    // map access, and the complete another.
+    let next = AtomicU64::new(0);
+    let sealed: idem::Bytes = idem_core::envelope::seal_value(&idem::Json, 0, &receipt_for(&req))
+        .expect("a receipt seals")
+        .into();
+    g.bench_function("store_claim_and_complete", |b| {
+        b.to_async(&rt).iter_batched(
+            || {
+                let order = next.fetch_add(1, Ordering::Relaxed);
+                idem::Key::new(scope, format!("fresh-{order}")).expect("a key")
+            },
+            |key| {
+                let (store, sealed) = (&store, &sealed);
+                async move {
+                    let token = idem::Token::random();
+                    store.claim(&key, &fp, token, lease).await.expect("a claim");
+                    store
+                        .complete(&key, token, sealed.clone(), Duration::from_secs(3600))
+                        .await
+                        .expect("stored")
+                }
+            },
+            BatchSize::SmallInput,
+        )
+    });
+    g.bench_function("open_and_decode", |b| {
+        b.iter(|| {
+            idem_core::envelope::open_value::<_, Receipt>(&idem::Json, 0, black_box(&payload))
+                .expect("a receipt")
+        })
+    });
+    g.finish();
+}
+
 fn choose_global_engine(_: &mut Criterion) {
     // On purpose, as the docs of `set_global` ask: the memory store, without the warning
     // of the implicit engine.
@@ -245,6 +325,7 @@ criterion_group!(
     local_cache_replay,
     memory_first_call,
     memory_scaling,
-    digest
+    digest,
+    replay_parts
 );
 criterion_main!(benches);
