@@ -28,9 +28,15 @@ pub struct Token(pub u64);
 impl Token {
     /// A token no other call of this process has had, and that another process repeats
     /// with odds of 2^-64: a SplitMix64 sequence (a bijection of a counter, so no repeat
-    /// within 2^64 calls) from a per-process random start.
+    /// within 2^64 calls) from a per-process random start. Each thread takes the counter in
+    /// blocks of 1,024 values and counts through its block alone, so that threads
+    /// calling at once do not contend for one shared counter on every call.
     pub fn random() -> Token {
         const GAMMA: u64 = 0x9e37_79b9_7f4a_7c15;
+        thread_local! {
+            /// The next counter value of this thread's block, and how many are left in it.
+            static BLOCK: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+        }
         static STATE: LazyLock<AtomicU64> = LazyLock::new(|| {
             // std's RandomState is seeded from the OS; the pid and the time keep two
             // processes apart even where that seed were weak.
@@ -43,14 +49,35 @@ impl Token {
             h.write_u128(nanos);
             AtomicU64::new(h.finish())
         });
-        let mut z = STATE
-            .fetch_add(GAMMA, Ordering::Relaxed)
-            .wrapping_add(GAMMA);
+        let take_block = || {
+            STATE
+                .fetch_add(GAMMA.wrapping_mul(TOKEN_BLOCK), Ordering::Relaxed)
+                .wrapping_add(GAMMA)
+        };
+        let counter = BLOCK
+            .try_with(|block| {
+                let (mut next, mut left) = block.get();
+                if left == 0 {
+                    (next, left) = (take_block(), TOKEN_BLOCK);
+                }
+                block.set((next.wrapping_add(GAMMA), left - 1));
+                next
+            })
+            // A thread being torn down takes a block of one.
+            .unwrap_or_else(|_| {
+                STATE
+                    .fetch_add(GAMMA, Ordering::Relaxed)
+                    .wrapping_add(GAMMA)
+            });
+        let mut z = counter;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         Token(z ^ (z >> 31))
     }
 }
+
+/// How many counter values of [`Token::random`] a thread takes at once.
+const TOKEN_BLOCK: u64 = 1024;
 
 impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
