@@ -130,9 +130,22 @@ fn try_digest<T: Serialize + ?Sized>(keyed: &'static Keyed, value: &T) -> Result
 /// The fixed encoding of `value` that digests hash, unhashed: two values with the same
 /// encoding are the same value as far as serde can tell (the same variants, the same
 /// `Some`/`None`, the same numbers bit for bit, maps and struct fields in any order). The
-/// engine compares a result with its decoded copy this way before storing it.
+/// tests read it; the engine compares encodings in place (`same_canonical`).
+#[cfg(test)]
 pub(crate) fn canonical<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, String> {
     with_canonical(value, <[u8]>::to_vec)
+}
+
+/// Whether `a` and `b` have the same canonical encoding (the fixed encoding digests hash,
+/// unhashed: the same variants, the same `Some`/`None`, the same numbers bit for bit, maps
+/// and struct fields in any order); `false` when
+/// either cannot be encoded. Each is written into a buffer this thread keeps, so a
+/// comparison allocates nothing once the buffers have grown.
+pub(crate) fn same_canonical<A: Serialize + ?Sized, B: Serialize + ?Sized>(a: &A, b: &B) -> bool {
+    let same = in_scratch(&SCRATCH, a, |a| {
+        in_scratch(&OTHER_SCRATCH, b, |b| a == b).unwrap_or(false)
+    });
+    same.unwrap_or(false)
 }
 
 /// Runs `f` on the canonical encoding of `value`, written into a buffer this thread keeps
@@ -143,13 +156,28 @@ fn with_canonical<T: Serialize + ?Sized, O, F: FnOnce(&[u8]) -> O>(
     value: &T,
     f: F,
 ) -> Result<O, String> {
+    in_scratch(&SCRATCH, value, f)
+}
+
+thread_local! {
+    /// The buffers digests are written into.
+    static SCRATCH: std::cell::RefCell<Scratch> = const {
+        std::cell::RefCell::new(Scratch { out: Vec::new(), moved: Vec::new() })
+    };
+    /// The second value's buffers of a comparison.
+    static OTHER_SCRATCH: std::cell::RefCell<Scratch> = const {
+        std::cell::RefCell::new(Scratch { out: Vec::new(), moved: Vec::new() })
+    };
+}
+
+/// [`with_canonical`] in the given buffers of this thread (fresh ones if they are in use).
+fn in_scratch<T: Serialize + ?Sized, O, F: FnOnce(&[u8]) -> O>(
+    scratch: &'static std::thread::LocalKey<std::cell::RefCell<Scratch>>,
+    value: &T,
+    f: F,
+) -> Result<O, String> {
     /// Buffers that grew past this are not kept, so one huge value does not pin its memory.
     const KEEP: usize = 64 * 1024;
-    thread_local! {
-        static SCRATCH: std::cell::RefCell<Scratch> = const {
-            std::cell::RefCell::new(Scratch { out: Vec::new(), moved: Vec::new() })
-        };
-    }
     let encode = |scratch: &mut Scratch, f: &mut Option<F>| {
         scratch.out.clear();
         let res = value
@@ -165,7 +193,7 @@ fn with_canonical<T: Serialize + ?Sized, O, F: FnOnce(&[u8]) -> O>(
         res
     };
     let mut f = Some(f);
-    let shared = SCRATCH.try_with(|cell| match cell.try_borrow_mut() {
+    let shared = scratch.try_with(|cell| match cell.try_borrow_mut() {
         Ok(mut scratch) => Some(encode(&mut scratch, &mut f)),
         Err(_) => None,
     });

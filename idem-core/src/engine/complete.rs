@@ -210,11 +210,7 @@ impl<T: Clone + Send + Sync + 'static> Share<T> {
 /// `Units(5)` and `Cents(5)` look alike to it. A value that is not equal to itself (one
 /// holding a NaN) is judged by serde's view alone.
 fn same_value<T: Serialize + ?Sized>(a: &T, b: &T, eq: Option<fn(&T, &T) -> bool>) -> bool {
-    let serde_same = match (digest::canonical(a), digest::canonical(b)) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
-    };
-    serde_same
+    digest::same_canonical(a, b)
         && match eq {
             Some(eq) => eq(a, b) || !eq(a, a),
             None => true,
