@@ -944,3 +944,45 @@ async fn a_local_cache_keeps_a_replay_read_from_the_store_decoded_for_the_next()
         "the store's replay is decoded once, the three hits after it clone"
     );
 }
+
+#[idempotent(key = order_id, store = idem, skip(idem, calls), scope = "billing::loose", fingerprint = none)]
+async fn loose_charge(idem: &Idem, calls: &AtomicU32, order_id: u32, amount_cents: u64) -> u64 {
+    calls.fetch_add(1, Ordering::SeqCst);
+    amount_cents
+}
+
+#[idempotent(key = order_id, store = idem, skip(idem, calls), scope = "billing::loose")]
+async fn strict_charge(idem: &Idem, calls: &AtomicU32, order_id: u32, amount_cents: u64) -> u64 {
+    calls.fetch_add(1, Ordering::SeqCst);
+    amount_cents
+}
+
+/// A local-cache hit matches a request by its encoding first, and falls back to the
+/// fingerprints: a record stored without a fingerprint replays to any payload, from the
+/// cache as from the store; a record with one refuses another payload.
+#[tokio::test]
+async fn a_local_cache_hit_with_another_payload_is_judged_by_the_fingerprint() {
+    let writer = Idem::new(MemoryStore::new());
+    let calls = AtomicU32::new(0);
+    assert_eq!(loose_charge(&writer, &calls, 1, 100).await.unwrap(), 100);
+    let reader = Idem::builder()
+        .store(writer.store().clone())
+        .local_cache(16, Duration::from_secs(60))
+        .build()
+        .unwrap();
+    // From the store, then twice from the cache: another amount each time, all replays.
+    for amount in [200, 300, 400] {
+        assert_eq!(
+            strict_charge(&reader, &calls, 1, amount).await.unwrap(),
+            100
+        );
+    }
+    assert_eq!(runs(&calls), 1);
+
+    // A record with a fingerprint: the same payload hits, another is refused.
+    assert_eq!(strict_charge(&reader, &calls, 2, 500).await.unwrap(), 500);
+    assert_eq!(strict_charge(&reader, &calls, 2, 500).await.unwrap(), 500);
+    let reuse = strict_charge(&reader, &calls, 2, 501).await;
+    assert!(matches!(reuse, Err(Error::KeyReuse { .. })), "{reuse:?}");
+    assert_eq!(runs(&calls), 2);
+}

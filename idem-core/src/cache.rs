@@ -12,6 +12,9 @@ use crate::store::Fingerprint;
 #[derive(Clone)]
 pub(crate) struct Hit {
     pub fingerprint: Fingerprint,
+    /// The canonical encoding of a payload with that fingerprint, when the caller that
+    /// filled the entry held it: a later caller with the same encoding matches unhashed.
+    pub request: Option<Bytes>,
     /// The sealed record, as the store holds it.
     pub payload: Bytes,
     /// The record's value, decoded, for a type the caller can clone out of it.
@@ -45,6 +48,7 @@ impl LocalCache {
         &self,
         key: Key,
         fingerprint: Fingerprint,
+        request: Option<Bytes>,
         payload: Bytes,
         value: Option<SharedValue>,
         ttl: Duration,
@@ -56,6 +60,7 @@ impl LocalCache {
             key,
             Hit {
                 fingerprint,
+                request,
                 payload,
                 value,
                 expires_at,

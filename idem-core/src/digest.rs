@@ -54,6 +54,19 @@ pub(crate) fn fingerprint_bytes<T: Serialize + ?Sized>(value: &T) -> [u8; 16] {
     out
 }
 
+/// The canonical encoding of `value`, owned; `None` when it cannot be encoded.
+pub(crate) fn encoding<T: Serialize + ?Sized>(value: &T) -> Option<Box<[u8]>> {
+    with_canonical(value, |bytes| Box::<[u8]>::from(bytes)).ok()
+}
+
+/// [`fingerprint_bytes`] of a value whose canonical encoding is `encoding`.
+pub(crate) fn fingerprint_of_encoding(encoding: &[u8]) -> [u8; 16] {
+    let full = FINGERPRINT.hash(encoding);
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&full[..16]);
+    out
+}
+
 /// A blake3 hasher keyed by a context string: derived once per process (deriving the key
 /// costs more than hashing a request), then one per thread, reset before each digest
 /// (a reset writes a few hundred bytes; a fresh copy of the hasher, about two thousand).

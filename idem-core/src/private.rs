@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
 
-pub use crate::engine::{Share, ValueOps};
+pub use crate::engine::{RequestPrint, Share, ValueOps};
 pub use crate::{Call, Error, Fingerprint, Idem, InProgress, Key, MissingKey};
 
 use crate::codec::Codec;
@@ -207,6 +207,23 @@ impl FingerprintValue for Fingerprint {
     fn fingerprint(&self) -> Fingerprint {
         *self
     }
+}
+
+/// What a call with the default fingerprint holds of its arguments: their encoding when
+/// the engine has a local cache (a hit then compares encodings, unhashed), their
+/// fingerprint otherwise.
+pub fn request_print<T: Serialize + ?Sized>(engine: &Idem, args: &T) -> RequestPrint {
+    if engine.has_local_cache() {
+        if let Some(encoding) = crate::digest::encoding(args) {
+            return RequestPrint::Encoded(encoding);
+        }
+    }
+    RequestPrint::Fingerprint(Fingerprint::of(args))
+}
+
+/// The call of an `#[idempotent]` function.
+pub fn call(engine: &Idem, key: Result<Key, Error>, print: impl Into<RequestPrint>) -> Call<'_> {
+    engine.call_print(key, print.into())
 }
 
 /// The fingerprint of a `fingerprint = <expr>` value.

@@ -104,7 +104,16 @@ impl Fingerprint {
     /// The fingerprint of a value, through the same fixed encoding as key digests (but a
     /// different blake3 context, so the two never coincide).
     pub fn of<T: Serialize + ?Sized>(value: &T) -> Fingerprint {
-        let mut bytes = digest::fingerprint_bytes(value);
+        Fingerprint::reserved(digest::fingerprint_bytes(value))
+    }
+
+    /// The fingerprint of the value whose canonical encoding is `encoding`: the same as
+    /// [`of`](Fingerprint::of) that value.
+    pub(crate) fn of_encoding(encoding: &[u8]) -> Fingerprint {
+        Fingerprint::reserved(digest::fingerprint_of_encoding(encoding))
+    }
+
+    fn reserved(mut bytes: [u8; 16]) -> Fingerprint {
         if bytes == [0; 16] {
             // Keep NONE reserved; a real digest of zero has odds of 2^-128.
             bytes[15] = 1;
@@ -355,6 +364,43 @@ forward_store!(Arc<S>);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fingerprint_of_an_encoding_is_the_fingerprint_of_its_value() {
+        #[derive(serde::Serialize)]
+        struct Charge<'a> {
+            order_id: &'a str,
+            amount_cents: u64,
+            tags: Vec<&'a str>,
+        }
+        let charge = Charge {
+            order_id: "o-1",
+            amount_cents: 1250,
+            tags: vec!["a", "b"],
+        };
+        let values: [&dyn erased::Value; 4] = [&("order", 42u32), &charge, &(), &Some(-0.0f64)];
+        for value in values {
+            let encoding = value.encoding();
+            assert_eq!(Fingerprint::of_encoding(&encoding), value.fingerprint());
+        }
+    }
+
+    /// Values of several types behind one trait, for the test above.
+    mod erased {
+        use super::Fingerprint;
+        pub trait Value {
+            fn encoding(&self) -> Box<[u8]>;
+            fn fingerprint(&self) -> Fingerprint;
+        }
+        impl<T: serde::Serialize> Value for T {
+            fn encoding(&self) -> Box<[u8]> {
+                crate::digest::encoding(self).expect("encodes")
+            }
+            fn fingerprint(&self) -> Fingerprint {
+                Fingerprint::of(self)
+            }
+        }
+    }
 
     #[test]
     fn random_tokens_do_not_repeat() {

@@ -192,7 +192,8 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
             let r = spanned_ref(expr);
             quote!(#pr::fingerprint_of(#r))
         }
-        None => quote!(#pr::Fingerprint::of(&#digest)),
+        // The arguments' encoding when the engine has a local cache, their hash otherwise.
+        None => quote!(#pr::request_print(::core::borrow::Borrow::borrow(&#engine), &#digest)),
     };
 
     let mut options = TokenStream::new();
@@ -273,7 +274,7 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
     let mut call_args = Group::new(
         Delimiter::Parenthesis,
         quote! {
-            #engine.call_checked(#key, #fp) #options,
+            #pr::call(::core::borrow::Borrow::borrow(&#engine), #key, #fp) #options,
             #eqs
             #from_idem
             #predicate

@@ -32,6 +32,41 @@ pub enum MissingKey {
     Run,
 }
 
+/// What a call knows of its payload: its fingerprint, or the canonical encoding it is
+/// the digest of. `#[idempotent]` keeps the encoding when the engine has a local cache, so
+/// that a hit compares encodings instead of hashing this one; the hash is taken only when
+/// the call goes on to the store.
+pub enum RequestPrint {
+    /// The fingerprint, already taken.
+    Fingerprint(Fingerprint),
+    /// The canonical encoding of the payload.
+    Encoded(Box<[u8]>),
+}
+
+impl RequestPrint {
+    /// The fingerprint (hashing the encoding, if that is what is held).
+    pub(crate) fn fingerprint(&self) -> Fingerprint {
+        match self {
+            RequestPrint::Fingerprint(fp) => *fp,
+            RequestPrint::Encoded(encoding) => Fingerprint::of_encoding(encoding),
+        }
+    }
+
+    /// The encoding, if held.
+    pub(crate) fn encoding(&self) -> Option<&[u8]> {
+        match self {
+            RequestPrint::Fingerprint(_) => None,
+            RequestPrint::Encoded(encoding) => Some(encoding),
+        }
+    }
+}
+
+impl From<Fingerprint> for RequestPrint {
+    fn from(fp: Fingerprint) -> Self {
+        RequestPrint::Fingerprint(fp)
+    }
+}
+
 /// One idempotent call: its key, fingerprint and options. Built by [`Idem::call`].
 ///
 /// `C` is the codec of its result; `R` says what its run methods answer: the bare value
@@ -41,7 +76,7 @@ pub enum MissingKey {
 pub struct Call<'a, C = BuiltinCodec, R = Bare> {
     pub(super) idem: &'a Idem,
     pub(super) key: Result<Key, Error>,
-    pub(super) fingerprint: Fingerprint,
+    pub(super) print: RequestPrint,
     pub(super) ttl: Option<Duration>,
     pub(super) lease: Option<Duration>,
     pub(super) in_progress: Option<InProgress>,
@@ -99,7 +134,7 @@ impl<'a, C: Codec, R: Answer> Call<'a, C, R> {
         Call {
             idem: self.idem,
             key: self.key,
-            fingerprint: self.fingerprint,
+            print: self.print,
             ttl: self.ttl,
             lease: self.lease,
             in_progress: self.in_progress,
@@ -135,7 +170,7 @@ impl<'a, C: Codec, R: Answer> Call<'a, C, R> {
         Call {
             idem: self.idem,
             key: self.key,
-            fingerprint: self.fingerprint,
+            print: self.print,
             ttl: self.ttl,
             lease: self.lease,
             in_progress: self.in_progress,

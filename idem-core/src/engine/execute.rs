@@ -11,7 +11,9 @@ use super::complete::{check_round_trip, decode, store_result, ErrorPolicy, Value
 use super::heartbeat::with_heartbeat;
 use super::observe::{count_call, outcome_label, InFlight, StoreClock};
 use super::release::ReleaseGuard;
-use super::{Call, MissingKey, Origin};
+use super::{Call, MissingKey, Origin, RequestPrint};
+use bytes::Bytes;
+
 use crate::codec::Codec;
 use crate::envelope::{self, Kind};
 use crate::error::Error;
@@ -107,7 +109,13 @@ impl<C: Codec, R> Call<'_, C, R> {
             return None;
         }
         let hit = cache.get(key)?;
-        if !self.fingerprint.matches(&hit.fingerprint) {
+        // The same encoding as the entry's is the same payload; anything else is judged by
+        // its fingerprint, hashed only now.
+        let same_request = matches!(
+            (self.print.encoding(), &hit.request),
+            (Some(mine), Some(theirs)) if mine == &theirs[..]
+        );
+        if !same_request && !self.print.fingerprint().matches(&hit.fingerprint) {
             return Some(Err(Error::KeyReuse { key: key.clone() }));
         }
         tracing::debug!(target: "idem", key = %key, "replay from the local cache");
@@ -169,7 +177,12 @@ impl<C: Codec, R> Call<'_, C, R> {
                 });
             }
         }
-        let (fp, version, codec) = (self.fingerprint, self.version, &self.codec);
+        let (fp, version, codec) = (self.print.fingerprint(), self.version, &self.codec);
+        // What the local cache keeps of this payload: its encoding, when the call holds it.
+        let request = match (&inner.cache, self.print) {
+            (Some(_), RequestPrint::Encoded(encoding)) => Some(Bytes::from(encoding)),
+            _ => None,
+        };
         let (store, step_timeout) = (&*inner.store, inner.step_timeout);
 
         let claimed = claim_or_wait(
@@ -191,7 +204,7 @@ impl<C: Codec, R> Call<'_, C, R> {
                 let out = decode(codec, &policy, version, key.clone(), &payload)?;
                 if let Some(cache) = &inner.cache {
                     let value = ops.keep(&out);
-                    cache.insert(key, fingerprint, payload, value, ttl);
+                    cache.insert(key, fingerprint, request, payload, value, ttl);
                 }
                 return Ok((out, Origin::Store));
             }
@@ -249,7 +262,7 @@ impl<C: Codec, R> Call<'_, C, R> {
             tracing::debug!(target: "idem", key = %key, token = %token, "completed");
             if let Some(cache) = &inner.cache {
                 let value = ops.keep(&out);
-                cache.insert(key, fp, sealed, value, ttl);
+                cache.insert(key, fp, request, sealed, value, ttl);
             }
             Ok((out, Origin::Ran))
         })

@@ -29,7 +29,7 @@ mod step;
 
 pub use builder::IdemBuilder;
 pub(crate) use builder::SHARED_BACKEND;
-pub use call::{Call, InProgress, MissingKey};
+pub use call::{Call, InProgress, MissingKey, RequestPrint};
 pub use complete::{Share, SharedValue, ValueOps};
 pub use outcome::{Origin, Outcome};
 
@@ -153,10 +153,19 @@ impl Idem {
         key: Result<Key, Error>,
         fingerprint: Fingerprint,
     ) -> Call<'_, BuiltinCodec> {
+        self.call_print(key, RequestPrint::Fingerprint(fingerprint))
+    }
+
+    /// [`call_checked`](Idem::call_checked) with the payload as `#[idempotent]` holds it.
+    pub(crate) fn call_print(
+        &self,
+        key: Result<Key, Error>,
+        print: RequestPrint,
+    ) -> Call<'_, BuiltinCodec> {
         Call {
             idem: self,
             key,
-            fingerprint,
+            print,
             ttl: None,
             lease: None,
             in_progress: None,
@@ -166,6 +175,11 @@ impl Idem {
             codec: self.inner.codec,
             answer: std::marker::PhantomData,
         }
+    }
+
+    /// Whether this engine has a local cache.
+    pub(crate) fn has_local_cache(&self) -> bool {
+        self.inner.cache.is_some()
     }
 
     /// Deletes the record under `key` from the store and from the local cache, so that the
