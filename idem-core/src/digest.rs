@@ -175,11 +175,11 @@ fn with_canonical<T: Serialize + ?Sized, O, F: FnOnce(&[u8]) -> O>(
 thread_local! {
     /// The buffers digests are written into.
     static SCRATCH: std::cell::RefCell<Scratch> = const {
-        std::cell::RefCell::new(Scratch { out: Vec::new(), moved: Vec::new() })
+        std::cell::RefCell::new(Scratch { out: Vec::new(), moved: Spare::new() })
     };
     /// The second value's buffers of a comparison.
     static OTHER_SCRATCH: std::cell::RefCell<Scratch> = const {
-        std::cell::RefCell::new(Scratch { out: Vec::new(), moved: Vec::new() })
+        std::cell::RefCell::new(Scratch { out: Vec::new(), moved: Spare::new() })
     };
 }
 
@@ -193,6 +193,8 @@ fn in_scratch<T: Serialize + ?Sized, O, F: FnOnce(&[u8]) -> O>(
     const KEEP: usize = 64 * 1024;
     let encode = |scratch: &mut Scratch, f: &mut Option<F>| {
         scratch.out.clear();
+        scratch.moved.fields.clear();
+        scratch.moved.bytes.clear();
         let res = value
             .serialize(Digester {
                 out: &mut scratch.out,
@@ -200,7 +202,7 @@ fn in_scratch<T: Serialize + ?Sized, O, F: FnOnce(&[u8]) -> O>(
             })
             .map_err(|DigestError(msg)| msg)
             .map(|()| (f.take().expect("called once"))(&scratch.out));
-        if scratch.out.capacity() > KEEP || scratch.moved.capacity() > KEEP {
+        if scratch.out.capacity() > KEEP || scratch.moved.bytes.capacity() > KEEP {
             *scratch = Scratch::default();
         }
         res
@@ -220,7 +222,28 @@ fn in_scratch<T: Serialize + ?Sized, O, F: FnOnce(&[u8]) -> O>(
 #[derive(Default)]
 struct Scratch {
     out: Vec<u8>,
-    moved: Vec<u8>,
+    moved: Spare,
+}
+
+/// What ordering struct fields needs, kept with the scratch buffer so that it allocates
+/// nothing once grown, and so that the serializer's types stay a few pointers wide (they
+/// are moved by value at every level of a value).
+#[derive(Default)]
+struct Spare {
+    /// Where a struct's fields are moved while they are put in name order.
+    bytes: Vec<u8>,
+    /// The fields of the structs being written, innermost last: each one's name and where
+    /// its encoding starts in the output.
+    fields: Vec<(&'static str, usize)>,
+}
+
+impl Spare {
+    const fn new() -> Self {
+        Spare {
+            bytes: Vec::new(),
+            fields: Vec::new(),
+        }
+    }
 }
 
 /// A digest no other call gets: for values that cannot be encoded.
@@ -275,7 +298,7 @@ impl ser::Error for DigestError {
 struct Digester<'a> {
     out: &'a mut Vec<u8>,
     /// Where a struct's fields are moved while they are put in name order.
-    moved: &'a mut Vec<u8>,
+    moved: &'a mut Spare,
 }
 
 impl Digester<'_> {
@@ -482,7 +505,7 @@ impl<'a> ser::Serializer for Digester<'a> {
 /// Sequences, tuples and structs: items in order, closed by an end tag.
 struct Seq<'a> {
     out: &'a mut Vec<u8>,
-    moved: &'a mut Vec<u8>,
+    moved: &'a mut Spare,
 }
 
 impl Seq<'_> {
@@ -542,22 +565,19 @@ impl ser::SerializeTupleVariant for Seq<'_> {
 /// so that the order a type declares its fields in is not part of its digest.
 struct Fields<'a> {
     out: &'a mut Vec<u8>,
-    moved: &'a mut Vec<u8>,
-    /// Each field's name and where its encoding starts in `out`; inline for the usual
-    /// struct, so that ordering its fields allocates nothing.
-    starts: SmallVec<[(&'static str, usize); 16]>,
+    moved: &'a mut Spare,
+    /// Where this struct's fields start in `moved.fields` (an enclosing struct's are below).
+    first: usize,
 }
 
 impl<'a> Fields<'a> {
-    fn new(out: &'a mut Vec<u8>, moved: &'a mut Vec<u8>, len: usize) -> Self {
-        Fields {
-            out,
-            moved,
-            starts: SmallVec::with_capacity(len),
-        }
+    fn new(out: &'a mut Vec<u8>, moved: &'a mut Spare, len: usize) -> Self {
+        let first = moved.fields.len();
+        moved.fields.reserve(len);
+        Fields { out, moved, first }
     }
     fn field<T: Serialize + ?Sized>(&mut self, name: &'static str, v: &T) -> R {
-        self.starts.push((name, self.out.len()));
+        self.moved.fields.push((name, self.out.len()));
         let mut d = Digester {
             out: self.out,
             moved: self.moved,
@@ -566,7 +586,8 @@ impl<'a> Fields<'a> {
         v.serialize(d)
     }
     fn end(self) -> R {
-        let Fields { out, moved, starts } = self;
+        let (out, moved) = (&mut *self.out, &mut *self.moved);
+        let starts = &moved.fields[self.first..];
         if !starts.windows(2).all(|w| w[0].0 <= w[1].0) {
             // Move the fields out, then back in name order. Stable: should a hand-written
             // `Serialize` repeat a name, its order stays.
@@ -574,19 +595,27 @@ impl<'a> Fields<'a> {
             let mut order: SmallVec<[usize; 16]> = (0..starts.len()).collect();
             order.sort_by(|&a, &b| starts[a].0.cmp(starts[b].0));
             // `moved` may hold an enclosing struct's fields, being moved: append after them.
-            let base = moved.len();
-            moved.extend_from_slice(&out[body..]);
+            let base = moved.bytes.len();
+            moved.bytes.extend_from_slice(&out[body..]);
             let end = out.len();
             out.truncate(body);
             for i in order {
                 let from = starts[i].1 - body + base;
                 let to = starts.get(i + 1).map_or(end, |next| next.1) - body + base;
-                out.extend_from_slice(&moved[from..to]);
+                out.extend_from_slice(&moved.bytes[from..to]);
             }
-            moved.truncate(base);
+            moved.bytes.truncate(base);
         }
         out.push(tag::END);
         Ok(())
+    }
+}
+
+/// Takes the struct's fields off the stack, also when it is not ended (a `Serialize` impl
+/// that failed half-way), so that they never mix with an enclosing struct's.
+impl Drop for Fields<'_> {
+    fn drop(&mut self) {
+        self.moved.fields.truncate(self.first);
     }
 }
 
@@ -614,7 +643,7 @@ impl ser::SerializeStructVariant for Fields<'_> {
 /// Maps: each entry is digested on its own, and the entry digests are fed in sorted order.
 struct Map<'a> {
     out: &'a mut Vec<u8>,
-    moved: &'a mut Vec<u8>,
+    moved: &'a mut Spare,
     entries: Vec<[u8; 32]>,
     pending: Option<Vec<u8>>,
 }
@@ -760,6 +789,45 @@ mod tests {
                 order_id: "o-1"
             })
         );
+    }
+
+    #[test]
+    fn structs_nested_in_structs_are_ordered_at_every_level() {
+        #[derive(serde::Serialize)]
+        struct Inner {
+            z: u8,
+            a: &'static str,
+        }
+        #[derive(serde::Serialize)]
+        struct InnerSorted {
+            a: &'static str,
+            z: u8,
+        }
+        #[derive(serde::Serialize)]
+        struct Outer {
+            y: Inner,
+            b: u8,
+            m: Vec<Inner>,
+        }
+        #[derive(serde::Serialize)]
+        struct OuterSorted {
+            b: u8,
+            m: Vec<InnerSorted>,
+            y: InnerSorted,
+        }
+        let outer = Outer {
+            y: Inner { z: 1, a: "x" },
+            b: 2,
+            m: vec![Inner { z: 3, a: "y" }, Inner { z: 4, a: "w" }],
+        };
+        let sorted = OuterSorted {
+            b: 2,
+            m: vec![InnerSorted { a: "y", z: 3 }, InnerSorted { a: "w", z: 4 }],
+            y: InnerSorted { a: "x", z: 1 },
+        };
+        assert_eq!(canonical(&outer).unwrap(), canonical(&sorted).unwrap());
+        assert!(same_canonical(&outer, &sorted));
+        assert!(!same_canonical(&outer, &(2u8,)));
     }
 
     #[test]
