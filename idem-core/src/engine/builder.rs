@@ -76,7 +76,10 @@ impl IdemBuilder {
     /// of time is abandoned and answers
     /// [`StoreError::Timeout`](crate::StoreError::Timeout) naming the step and the backend, a temporary failure. The
     /// heartbeat tries again at its next beat; a complete is tried again while the lease
-    /// runs. Keep the store's own timeouts (pool acquire, connect, command) at or below it.
+    /// runs. Keep the store's own timeouts (pool acquire, connect, command) at or below it:
+    /// a store that bounds each step itself within it ([`Store::step_bound`], the Redis
+    /// store by its command timeout) then runs each step under that bound alone, without a
+    /// second timer.
     pub fn step_timeout(mut self, timeout: Duration) -> Self {
         self.step_timeout = Some(timeout);
         self
@@ -86,6 +89,11 @@ impl IdemBuilder {
     /// so that replays of hot keys skip the store. A record deleted from the store through
     /// another process, or expired there, may still be replayed from here until `max_age`
     /// passes: keep `max_age` short next to the ttl.
+    ///
+    /// A hit still checks the payload (by comparing the request's encoding with the one
+    /// that filled the entry, hashing it only when they differ) and the record's version
+    /// and codec; it decodes the cached record, or with `#[idempotent(clone_cached)]`
+    /// clones the value it keeps decoded.
     pub fn local_cache(mut self, capacity: usize, max_age: Duration) -> Self {
         self.local_cache = Some((capacity, max_age));
         self
