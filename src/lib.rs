@@ -495,7 +495,9 @@ pub use idem_http as http;
 /// cached record like a replay from the store. `clone_cached` keeps the decoded value
 /// beside it instead, and answers each hit with a clone: the same value, since only a value
 /// that came back unchanged through its codec is kept. The payload is still checked, and a
-/// record of another `version` or codec is still refused.
+/// record of another `version` or codec is still refused. The clone must be a value of its
+/// own: a type whose `Clone` shares state (an `Arc<Mutex<_>>` inside) would let one
+/// caller's change reach every later hit; leave `clone_cached` off for such a type.
 ///
 /// ```
 /// # use std::time::Duration;

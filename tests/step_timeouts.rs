@@ -438,9 +438,79 @@ fn wrappers_do_not_inherit_a_step_bound_and_boxes_do() {
         claim_takes: Duration::ZERO,
     };
     assert_eq!(Store::step_bound(&bounded), Some(STEP));
-    let wrapped = Hanging::default();
+    let wrapped = Passing(bounded);
     assert_eq!(Store::step_bound(&wrapped), None);
+    let Passing(bounded) = wrapped;
     let boxed: Box<dyn Store> = Box::new(bounded);
     assert_eq!(Store::step_bound(&boxed), Some(STEP));
     assert_eq!(Store::step_bound(&Arc::new(boxed)), Some(STEP));
+}
+
+/// A wrapper that overrides nothing.
+#[derive(Debug)]
+struct Passing<S>(S);
+
+impl<S: Store> StoreWrapper for Passing<S> {
+    type Inner = S;
+    fn inner(&self) -> &S {
+        &self.0
+    }
+}
+
+/// A store that bounds its steps, and whose `wait` never returns: `wait` is not one of the
+/// steps its bound covers, so the engine times it whatever the store says.
+#[derive(Debug)]
+struct BoundedButWaitHangs {
+    inner: MemoryStore,
+}
+
+#[idem::async_trait]
+impl StoreWrapper for BoundedButWaitHangs {
+    type Inner = MemoryStore;
+    fn inner(&self) -> &MemoryStore {
+        &self.inner
+    }
+    async fn wait(&self, _key: &Key, _at_most: Duration) -> Result<(), StoreError> {
+        std::future::pending().await
+    }
+    fn step_bound(&self) -> Option<Duration> {
+        Some(STEP / 2)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_wait_is_timed_by_the_engine_even_when_the_store_bounds_its_steps() {
+    let idem = Idem::builder()
+        .store(BoundedButWaitHangs {
+            inner: MemoryStore::new(),
+        })
+        .step_timeout(STEP)
+        .build()
+        .unwrap();
+    let k = key("bounded-wait");
+    let _holder = {
+        let (idem, k) = (idem.clone(), k.clone());
+        tokio::spawn(async move {
+            idem.call(k, Fingerprint::NONE)
+                .lease(Duration::from_secs(60))
+                .run(std::future::pending::<u8>)
+                .await
+        })
+    };
+    tokio::task::yield_now().await;
+    let waiting = idem
+        .call(k, Fingerprint::NONE)
+        .in_progress(idem::InProgress::Wait)
+        .wait_timeout(Duration::from_secs(2))
+        .run(|| async { 1u8 });
+    let res = tokio::time::timeout(Duration::from_secs(60), waiting)
+        .await
+        .expect("the hanging wait was cut off by the engine");
+    match res {
+        Err(Error::Store {
+            source: StoreError::Timeout { step: "wait", .. },
+            ..
+        }) => {}
+        other => panic!("expected a wait timeout, got {other:?}"),
+    }
 }

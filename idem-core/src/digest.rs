@@ -54,9 +54,14 @@ pub(crate) fn fingerprint_bytes<T: Serialize + ?Sized>(value: &T) -> [u8; 16] {
     out
 }
 
-/// The canonical encoding of `value`, owned; `None` when it cannot be encoded.
-pub(crate) fn encoding<T: Serialize + ?Sized>(value: &T) -> Option<Box<[u8]>> {
-    with_canonical(value, |bytes| Box::<[u8]>::from(bytes)).ok()
+/// The canonical encoding of `value`, owned; `None` when it cannot be encoded or is longer
+/// than `max` bytes.
+pub(crate) fn encoding<T: Serialize + ?Sized>(value: &T, max: usize) -> Option<Box<[u8]>> {
+    with_canonical(value, |bytes| {
+        (bytes.len() <= max).then(|| Box::<[u8]>::from(bytes))
+    })
+    .ok()
+    .flatten()
 }
 
 /// [`fingerprint_bytes`] of a value whose canonical encoding is `encoding`.
@@ -202,7 +207,9 @@ fn in_scratch<T: Serialize + ?Sized, O, F: FnOnce(&[u8]) -> O>(
             })
             .map_err(|DigestError(msg)| msg)
             .map(|()| (f.take().expect("called once"))(&scratch.out));
-        if scratch.out.capacity() > KEEP || scratch.moved.bytes.capacity() > KEEP {
+        let moved = &scratch.moved;
+        let fields = moved.fields.capacity() * std::mem::size_of::<(&str, usize)>();
+        if scratch.out.capacity() > KEEP || moved.bytes.capacity() > KEEP || fields > KEEP {
             *scratch = Scratch::default();
         }
         res
@@ -573,7 +580,8 @@ struct Fields<'a> {
 impl<'a> Fields<'a> {
     fn new(out: &'a mut Vec<u8>, moved: &'a mut Spare, len: usize) -> Self {
         let first = moved.fields.len();
-        moved.fields.reserve(len);
+        // A hand-written `Serialize` may announce any length: reserve for a usual struct.
+        moved.fields.reserve(len.min(64));
         Fields { out, moved, first }
     }
     fn field<T: Serialize + ?Sized>(&mut self, name: &'static str, v: &T) -> R {
@@ -828,6 +836,50 @@ mod tests {
         assert_eq!(canonical(&outer).unwrap(), canonical(&sorted).unwrap());
         assert!(same_canonical(&outer, &sorted));
         assert!(!same_canonical(&outer, &(2u8,)));
+    }
+
+    /// A struct whose `Serialize` fails half-way, leaving its serializer unended.
+    struct HalfStruct;
+    impl Serialize for HalfStruct {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::{Error as _, SerializeStruct as _};
+            let mut st = s.serialize_struct("HalfStruct", 2)?;
+            st.serialize_field("b", &1u8)?;
+            st.serialize_field("a", &2u8)?;
+            Err(S::Error::custom("gave up"))
+        }
+    }
+
+    /// A map that swallows its entry's error and goes on, inside a struct.
+    struct Swallowing;
+    impl Serialize for Swallowing {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap as _;
+            let mut map = s.serialize_map(Some(1))?;
+            let _ = map.serialize_entry("k", &HalfStruct);
+            map.end()
+        }
+    }
+
+    #[derive(serde::Serialize)]
+    struct Holder {
+        z: u8,
+        m: Swallowing,
+        a: u8,
+    }
+
+    #[test]
+    fn a_struct_left_unended_does_not_leak_its_fields_into_the_enclosing_one() {
+        let holder = Holder {
+            z: 1,
+            m: Swallowing,
+            a: 2,
+        };
+        // Without the unended struct's fields taken off the stack, the enclosing struct
+        // would order fields that are not its own (and slice out of its range).
+        let first = canonical(&holder).unwrap();
+        assert_eq!(first, canonical(&holder).unwrap());
+        assert_eq!(digest_hex(&holder), digest_hex(&holder));
     }
 
     #[test]

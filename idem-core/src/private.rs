@@ -210,16 +210,21 @@ impl FingerprintValue for Fingerprint {
 }
 
 /// What a call with the default fingerprint holds of its arguments: their encoding when
-/// the engine has a local cache (a hit then compares encodings, unhashed), their
-/// fingerprint otherwise.
+/// the engine has a local cache and the encoding is at most [`MAX_KEPT_ENCODING`] bytes (a
+/// hit then compares encodings, unhashed), their fingerprint otherwise.
 pub fn request_print<T: Serialize + ?Sized>(engine: &Idem, args: &T) -> RequestPrint {
     if engine.has_local_cache() {
-        if let Some(encoding) = crate::digest::encoding(args) {
+        if let Some(encoding) = crate::digest::encoding(args, MAX_KEPT_ENCODING) {
             return RequestPrint::Encoded(encoding);
         }
     }
     RequestPrint::Fingerprint(Fingerprint::of(args))
 }
+
+/// The largest argument encoding a local-cache entry keeps beside its fingerprint: the
+/// cache's capacity counts entries, not bytes, so larger payloads are kept as their 16-byte
+/// fingerprint and a hit hashes them.
+pub const MAX_KEPT_ENCODING: usize = 1024;
 
 /// The call of an `#[idempotent]` function.
 pub fn call(engine: &Idem, key: Result<Key, Error>, print: impl Into<RequestPrint>) -> Call<'_> {

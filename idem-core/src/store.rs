@@ -313,9 +313,11 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// `Some(d)` promises that [`claim`](Store::claim), [`complete`](Store::complete),
     /// [`release`](Store::release), [`extend`](Store::extend), [`get`](Store::get) and
     /// [`delete`](Store::delete) each answer within `d`, with a [`StoreError::Timeout`]
-    /// naming the step if nothing else. The engine then runs a step under no timer of its
-    /// own when `d` is within its step timeout, rather than under two (the Redis store
-    /// bounds each script by its command timeout). `None`, the default, promises nothing.
+    /// naming the step if nothing else. The engine then runs such a step under no timer of
+    /// its own when `d` is within the step's limit (the step timeout; for a complete, also
+    /// no more than what is left of the lease), rather than under two (the Redis store
+    /// bounds each script by its command timeout). [`wait`](Store::wait) is not covered: it
+    /// is always timed by the engine. `None`, the default, promises nothing.
     fn step_bound(&self) -> Option<Duration> {
         None
     }
@@ -383,6 +385,8 @@ mod tests {
             let encoding = value.encoding();
             assert_eq!(Fingerprint::of_encoding(&encoding), value.fingerprint());
         }
+        // An encoding longer than asked for is not kept.
+        assert!(crate::digest::encoding(&charge, 8).is_none());
     }
 
     /// Values of several types behind one trait, for the test above.
@@ -394,7 +398,7 @@ mod tests {
         }
         impl<T: serde::Serialize> Value for T {
             fn encoding(&self) -> Box<[u8]> {
-                crate::digest::encoding(self).expect("encodes")
+                crate::digest::encoding(self, usize::MAX).expect("encodes")
             }
             fn fingerprint(&self) -> Fingerprint {
                 Fingerprint::of(self)

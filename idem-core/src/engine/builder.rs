@@ -90,10 +90,11 @@ impl IdemBuilder {
     /// another process, or expired there, may still be replayed from here until `max_age`
     /// passes: keep `max_age` short next to the ttl.
     ///
-    /// A hit still checks the payload (by comparing the request's encoding with the one
-    /// that filled the entry, hashing it only when they differ) and the record's version
-    /// and codec; it decodes the cached record, or with `#[idempotent(clone_cached)]`
-    /// clones the value it keeps decoded.
+    /// A hit still checks the payload and the record's version and codec. Under
+    /// `#[idempotent]` with its default fingerprint, the payload check compares the
+    /// arguments' encoding with the one that filled the entry (up to 1 KiB; hashing it only
+    /// when they differ); elsewhere it compares fingerprints. A hit decodes the cached
+    /// record, or with `#[idempotent(clone_cached)]` clones the value it keeps decoded.
     pub fn local_cache(mut self, capacity: usize, max_age: Duration) -> Self {
         self.local_cache = Some((capacity, max_age));
         self

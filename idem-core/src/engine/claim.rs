@@ -7,7 +7,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::observe::StoreClock;
-use super::step::{step, store_error};
+use super::step::{step, store_error, wait_step};
 use super::{InProgress, MIN_DURATION};
 use crate::error::Error;
 use crate::key::Key;
@@ -117,15 +117,9 @@ pub(super) async fn claim_or_wait(
                 tracing::trace!(target: "idem", key = %key, ?pause, "waiting for the holder");
                 // The store's wait is told to return within `pause`; the step timeout
                 // on top bounds one that does not.
-                step(
-                    store,
-                    clock,
-                    "wait",
-                    pause + step_timeout,
-                    store.wait(key, pause),
-                )
-                .await
-                .map_err(|source| store_error(key, source))?;
+                wait_step(store, clock, pause + step_timeout, store.wait(key, pause))
+                    .await
+                    .map_err(|source| store_error(key, source))?;
             }
         }
     }

@@ -41,9 +41,32 @@ pub(super) async fn step<T>(
     limit: Duration,
     call: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
+    let bounded = store.step_bound().is_some_and(|bound| bound <= limit);
+    timed(store, clock, name, limit, bounded, call).await
+}
+
+/// [`step`] for [`Store::wait`], which a store's bound does not cover (it waits as long as
+/// it is told): always under the engine's timer.
+pub(super) async fn wait_step(
+    store: &dyn Store,
+    clock: &StoreClock,
+    limit: Duration,
+    call: impl Future<Output = Result<(), StoreError>>,
+) -> Result<(), StoreError> {
+    timed(store, clock, "wait", limit, false, call).await
+}
+
+/// Runs a step under `limit`, or, when `bounded` (the store bounds it within `limit`),
+/// under the store's bound alone.
+async fn timed<T>(
+    store: &dyn Store,
+    clock: &StoreClock,
+    name: &'static str,
+    limit: Duration,
+    bounded: bool,
+    call: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
     let started = clock.start();
-    // `wait` is not one of the steps a store's bound covers: it waits as long as it is told.
-    let bounded = name != "wait" && store.step_bound().is_some_and(|bound| bound <= limit);
     let res = if bounded {
         Ok(call.await)
     } else {

@@ -6,7 +6,7 @@ pub struct Receipt {
 }
 
 // `clone_cached` keeps the decoded result in the local cache and clones it out: the
-// result type must be `Clone`, and the error points at the option.
+// result type must be `Clone`, and the error names the option at the result type.
 #[idempotent(key = order_id, clone_cached)]
 async fn charge(order_id: String) -> Receipt {
     Receipt { cents: 1 }
