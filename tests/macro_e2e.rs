@@ -986,3 +986,30 @@ async fn a_local_cache_hit_with_another_payload_is_judged_by_the_fingerprint() {
     assert!(matches!(reuse, Err(Error::KeyReuse { .. })), "{reuse:?}");
     assert_eq!(runs(&calls), 2);
 }
+
+#[idempotent(key = order_id, store = idem, skip(idem, calls))]
+async fn charge_with_notes(idem: &Idem, calls: &AtomicU32, order_id: u32, notes: String) -> usize {
+    calls.fetch_add(1, Ordering::SeqCst);
+    notes.len()
+}
+
+/// Arguments encoded past 1 KiB are kept in the local cache as their fingerprint, not their
+/// encoding: hits and refusals are the same.
+#[tokio::test]
+async fn a_local_cache_hit_checks_a_large_payload_by_its_fingerprint() {
+    let idem = cached_engine();
+    let calls = AtomicU32::new(0);
+    let notes = "n".repeat(4096);
+    for _ in 0..3 {
+        assert_eq!(
+            charge_with_notes(&idem, &calls, 1, notes.clone())
+                .await
+                .unwrap(),
+            4096
+        );
+    }
+    assert_eq!(runs(&calls), 1);
+    let other = format!("{}m", &notes[1..]);
+    let reuse = charge_with_notes(&idem, &calls, 1, other).await;
+    assert!(matches!(reuse, Err(Error::KeyReuse { .. })), "{reuse:?}");
+}
