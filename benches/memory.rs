@@ -16,7 +16,9 @@
 //!   and insert.
 //! - `memory_scaling`: replays of 1,024 orders on 1 and on 2 OS threads (each its own
 //!   current-thread runtime, as a service's worker threads are); the time is per call, so
-//!   `threads_1 / threads_2` is the throughput gained by the second core.
+//!   `threads_1 / threads_2` is the throughput gained by the second core. The
+//!   `by_hand_threads_*` pair does the same with the hand-written check, to show how far a
+//!   shared `DashMap` scales on the same machine.
 //! - `digest`: what a fingerprint of the request costs beside hashing its JSON by hand.
 //! - `replay_parts`: the parts of a replay alone (key, fingerprint, the store's claim, the
 //!   envelope and decode), to see what the call around them adds.
@@ -181,6 +183,29 @@ fn memory_first_call(c: &mut Criterion) {
 /// and its own slice of the 1,024 stored orders; the time from a common start to the last
 /// thread's end.
 fn replays_on_threads(threads: usize, iters: u64, requests: &Arc<Vec<ChargeRequest>>) -> Duration {
+    on_threads(threads, iters, requests, |req| async {
+        black_box(charge(req).await.expect("a replay"));
+    })
+}
+
+/// The same with the hand-written check: how far a shared `DashMap` itself scales here.
+fn by_hand_on_threads(threads: usize, iters: u64, requests: &Arc<Vec<ChargeRequest>>) -> Duration {
+    on_threads(threads, iters, requests, |req| async {
+        black_box(charge_by_hand(req).await);
+    })
+}
+
+/// `iters` calls of `call` spread over `threads` OS threads as described above.
+fn on_threads<F, Fut>(
+    threads: usize,
+    iters: u64,
+    requests: &Arc<Vec<ChargeRequest>>,
+    call: F,
+) -> Duration
+where
+    F: Fn(ChargeRequest) -> Fut + Copy + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
     let start = Arc::new(Barrier::new(threads + 1));
     let handles: Vec<_> = (0..threads)
         .map(|t| {
@@ -192,7 +217,7 @@ fn replays_on_threads(threads: usize, iters: u64, requests: &Arc<Vec<ChargeReque
                 rt.block_on(async {
                     for i in 0..share {
                         let req = &requests[(i as usize * threads + t) % requests.len()];
-                        black_box(charge(req.clone()).await.expect("a replay"));
+                        call(req.clone()).await;
                     }
                 });
             })
@@ -210,6 +235,7 @@ fn memory_scaling(c: &mut Criterion) {
     let requests: Arc<Vec<ChargeRequest>> = Arc::new((0..1024).map(request).collect());
     runtime().block_on(async {
         for req in requests.iter() {
+            charge_by_hand(req.clone()).await;
             charge(req.clone()).await.expect("a first call");
         }
     });
@@ -217,6 +243,9 @@ fn memory_scaling(c: &mut Criterion) {
     for threads in [1, 2] {
         g.bench_function(format!("threads_{threads}"), |b| {
             b.iter_custom(|iters| replays_on_threads(threads, iters, &requests))
+        });
+        g.bench_function(format!("by_hand_threads_{threads}"), |b| {
+            b.iter_custom(|iters| by_hand_on_threads(threads, iters, &requests))
         });
     }
     g.finish();
