@@ -813,14 +813,20 @@ async fn the_bincode_codec_round_trips() {
     assert_eq!(v, replay);
 }
 
-#[tokio::test]
-async fn the_local_cache_answers_replays_without_the_store() {
+/// A counting store with a local cache in front of it.
+fn with_local_cache() -> (Arc<Faulty>, Idem) {
     let store = Arc::new(Faulty::default());
     let idem = Idem::builder()
         .store(store.clone())
         .local_cache(100, Duration::from_secs(60))
         .build()
         .unwrap();
+    (store, idem)
+}
+
+#[tokio::test]
+async fn the_local_cache_answers_replays_without_the_store() {
+    let (store, idem) = with_local_cache();
     let fp = Fingerprint::of("payload");
     for _ in 0..10 {
         let v: u32 = idem
@@ -856,12 +862,7 @@ async fn the_local_cache_answers_replays_without_the_store() {
 /// a zero lease on a key the cache holds is refused as it is on any other key.
 #[tokio::test]
 async fn an_invalid_option_is_refused_even_when_the_local_cache_has_the_key() {
-    let store = Arc::new(Faulty::default());
-    let idem = Idem::builder()
-        .store(store.clone())
-        .local_cache(100, Duration::from_secs(60))
-        .build()
-        .unwrap();
+    let (_, idem) = with_local_cache();
     let run = |lease: Duration| {
         idem.call(key("cached-bad-option"), Fingerprint::NONE)
             .lease(lease)

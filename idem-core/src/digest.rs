@@ -11,8 +11,10 @@
 //! type keeps its digests. Type names are not part of the encoding: renaming a struct keeps
 //! its digests too.
 
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
+use std::thread::LocalKey;
 
 use serde::ser::{self, Serialize};
 use smallvec::SmallVec;
@@ -48,10 +50,7 @@ pub(crate) fn try_digest_hex<T: Serialize + ?Sized>(value: &T) -> Result<String,
 /// The 128-bit fingerprint digest of `value`; unique to the call when `Serialize` fails, so
 /// that such a request is refused as another payload rather than answered with one.
 pub(crate) fn fingerprint_bytes<T: Serialize + ?Sized>(value: &T) -> [u8; 16] {
-    let full = try_digest(&FINGERPRINT, value).unwrap_or_else(|msg| unique_digest(&msg));
-    let mut out = [0u8; 16];
-    out.copy_from_slice(&full[..16]);
-    out
+    first_half(try_digest(&FINGERPRINT, value).unwrap_or_else(|msg| unique_digest(&msg)))
 }
 
 /// The canonical encoding of `value`, owned; `None` when it cannot be encoded or is longer
@@ -66,28 +65,43 @@ pub(crate) fn encoding<T: Serialize + ?Sized>(value: &T, max: usize) -> Option<B
 
 /// [`fingerprint_bytes`] of a value whose canonical encoding is `encoding`.
 pub(crate) fn fingerprint_of_encoding(encoding: &[u8]) -> [u8; 16] {
-    let full = FINGERPRINT.hash(encoding);
+    first_half(FINGERPRINT.hash(encoding))
+}
+
+/// A fingerprint is the first 128 bits of its digest.
+fn first_half(full: [u8; 32]) -> [u8; 16] {
     let mut out = [0u8; 16];
     out.copy_from_slice(&full[..16]);
     out
 }
 
 /// A blake3 hasher keyed by a context string: derived once per process (deriving the key
-/// costs more than hashing a request), then one per thread, reset before each digest
-/// (a reset writes a few hundred bytes; a fresh copy of the hasher, about two thousand).
+/// costs more than hashing a request), then copied once per thread into `local` and reset
+/// before each digest (a reset writes a few hundred bytes; a fresh copy of the hasher,
+/// about two thousand).
 struct Keyed {
     context: &'static str,
     base: OnceLock<blake3::Hasher>,
+    local: &'static LocalKey<RefCell<Option<blake3::Hasher>>>,
 }
 
-static KEY: Keyed = Keyed::new(KEY_CONTEXT);
-static FINGERPRINT: Keyed = Keyed::new(FINGERPRINT_CONTEXT);
+thread_local! {
+    static KEY_HASHER: RefCell<Option<blake3::Hasher>> = const { RefCell::new(None) };
+    static FINGERPRINT_HASHER: RefCell<Option<blake3::Hasher>> = const { RefCell::new(None) };
+}
+
+static KEY: Keyed = Keyed::new(KEY_CONTEXT, &KEY_HASHER);
+static FINGERPRINT: Keyed = Keyed::new(FINGERPRINT_CONTEXT, &FINGERPRINT_HASHER);
 
 impl Keyed {
-    const fn new(context: &'static str) -> Self {
+    const fn new(
+        context: &'static str,
+        local: &'static LocalKey<RefCell<Option<blake3::Hasher>>>,
+    ) -> Self {
         Keyed {
             context,
             base: OnceLock::new(),
+            local,
         }
     }
 
@@ -97,35 +111,19 @@ impl Keyed {
     }
 
     /// The blake3 hash of `bytes` under this context.
-    fn hash(&'static self, bytes: &[u8]) -> [u8; 32] {
-        thread_local! {
-            /// This thread's hasher of each context, by the context's address.
-            static HASHERS: std::cell::RefCell<Vec<(usize, blake3::Hasher)>> =
-                const { std::cell::RefCell::new(Vec::new()) };
-        }
-        let id = self as *const Keyed as usize;
-        let kept = HASHERS.try_with(|cell| {
-            let mut hashers = cell.try_borrow_mut().ok()?;
-            let at = match hashers.iter().position(|(of, _)| *of == id) {
-                Some(at) => at,
-                None => {
-                    hashers.push((id, self.base().clone()));
-                    hashers.len() - 1
-                }
-            };
-            let hasher = &mut hashers[at].1;
+    fn hash(&self, bytes: &[u8]) -> [u8; 32] {
+        let kept = self.local.try_with(|cell| {
+            let mut hasher = cell.try_borrow_mut().ok()?;
+            let hasher = hasher.get_or_insert_with(|| self.base().clone());
             hasher.reset();
             hasher.update(bytes);
             Some(*hasher.finalize().as_bytes())
         });
-        match kept {
-            Ok(Some(hash)) => hash,
-            _ => {
-                let mut hasher = self.base().clone();
-                hasher.update(bytes);
-                *hasher.finalize().as_bytes()
-            }
-        }
+        kept.ok().flatten().unwrap_or_else(|| {
+            let mut hasher = self.base().clone();
+            hasher.update(bytes);
+            *hasher.finalize().as_bytes()
+        })
     }
 }
 
@@ -141,7 +139,7 @@ fn hex(bytes: &[u8; 32]) -> String {
 
 /// Encodes `value` into this thread's scratch buffer, then hashes it in one update under
 /// the context of `keyed`.
-fn try_digest<T: Serialize + ?Sized>(keyed: &'static Keyed, value: &T) -> Result<[u8; 32], String> {
+fn try_digest<T: Serialize + ?Sized>(keyed: &Keyed, value: &T) -> Result<[u8; 32], String> {
     with_canonical(value, |buf| keyed.hash(buf))
 }
 
@@ -156,9 +154,8 @@ pub(crate) fn canonical<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, Str
 
 /// Whether `a` and `b` have the same canonical encoding (the fixed encoding digests hash,
 /// unhashed: the same variants, the same `Some`/`None`, the same numbers bit for bit, maps
-/// and struct fields in any order); `false` when
-/// either cannot be encoded. Each is written into a buffer this thread keeps, so a
-/// comparison allocates nothing once the buffers have grown.
+/// and struct fields in any order); `false` when either cannot be encoded. Each is written
+/// into a buffer this thread keeps, so a comparison allocates nothing once they have grown.
 pub(crate) fn same_canonical<A: Serialize + ?Sized, B: Serialize + ?Sized>(a: &A, b: &B) -> bool {
     let same = in_scratch(&SCRATCH, a, |a| {
         in_scratch(&OTHER_SCRATCH, b, |b| a == b).unwrap_or(false)
@@ -179,18 +176,18 @@ fn with_canonical<T: Serialize + ?Sized, O, F: FnOnce(&[u8]) -> O>(
 
 thread_local! {
     /// The buffers digests are written into.
-    static SCRATCH: std::cell::RefCell<Scratch> = const {
-        std::cell::RefCell::new(Scratch { out: Vec::new(), moved: Spare::new() })
+    static SCRATCH: RefCell<Scratch> = const {
+        RefCell::new(Scratch { out: Vec::new(), moved: Spare::new() })
     };
     /// The second value's buffers of a comparison.
-    static OTHER_SCRATCH: std::cell::RefCell<Scratch> = const {
-        std::cell::RefCell::new(Scratch { out: Vec::new(), moved: Spare::new() })
+    static OTHER_SCRATCH: RefCell<Scratch> = const {
+        RefCell::new(Scratch { out: Vec::new(), moved: Spare::new() })
     };
 }
 
 /// [`with_canonical`] in the given buffers of this thread (fresh ones if they are in use).
 fn in_scratch<T: Serialize + ?Sized, O, F: FnOnce(&[u8]) -> O>(
-    scratch: &'static std::thread::LocalKey<std::cell::RefCell<Scratch>>,
+    scratch: &'static LocalKey<RefCell<Scratch>>,
     value: &T,
     f: F,
 ) -> Result<O, String> {

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
 
-pub use crate::engine::{RequestPrint, Share, ValueOps};
+pub use crate::engine::{RequestPrint, Share, ValueEq, ValueOps};
 pub use crate::{Call, Error, Fingerprint, Idem, InProgress, Key, MissingKey};
 
 use crate::codec::Codec;
@@ -388,9 +388,6 @@ impl<T: ?Sized> EqProbe<T> {
     pub const NEW: EqProbe<T> = EqProbe(std::marker::PhantomData);
 }
 
-/// A type's `==`, if it has one.
-pub type ValueEq<T> = Option<fn(&T, &T) -> bool>;
-
 /// Chosen when the type has `==`.
 pub trait ViaPartialEq<T> {
     /// `PartialEq::eq` of the type.
@@ -426,7 +423,7 @@ impl<T: Clone + Send + Sync + 'static> SharedResult for T {}
 
 /// The sharing functions of a `clone_cached` result type.
 pub fn share<T: SharedResult>() -> Option<Share<T>> {
-    Share::of()
+    Some(Share::of())
 }
 
 /// [`Call::run`] for a function that returns a value `T` (or `Outcome<T>`, with

@@ -49,27 +49,23 @@ impl Token {
             h.write_u128(nanos);
             AtomicU64::new(h.finish())
         });
-        let take_block = || {
+        // The first of `n` counter values taken from the process's counter.
+        let take = |n: u64| {
             STATE
-                .fetch_add(GAMMA.wrapping_mul(TOKEN_BLOCK), Ordering::Relaxed)
+                .fetch_add(GAMMA.wrapping_mul(n), Ordering::Relaxed)
                 .wrapping_add(GAMMA)
         };
-        let counter = BLOCK
+        let mut z = BLOCK
             .try_with(|block| {
                 let (mut next, mut left) = block.get();
                 if left == 0 {
-                    (next, left) = (take_block(), TOKEN_BLOCK);
+                    (next, left) = (take(TOKEN_BLOCK), TOKEN_BLOCK);
                 }
                 block.set((next.wrapping_add(GAMMA), left - 1));
                 next
             })
             // A thread being torn down takes a block of one.
-            .unwrap_or_else(|_| {
-                STATE
-                    .fetch_add(GAMMA, Ordering::Relaxed)
-                    .wrapping_add(GAMMA)
-            });
-        let mut z = counter;
+            .unwrap_or_else(|_| take(1));
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         Token(z ^ (z >> 31))

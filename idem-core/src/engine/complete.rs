@@ -149,7 +149,7 @@ pub(super) fn decode<C: Codec, T: DeserializeOwned, E, P: ErrorPolicy<E>>(
 
 /// The `==` of a result type, when the caller knows it has one (`#[idempotent]` finds out
 /// at compile time); the engine alone only sees `Serialize`.
-pub(crate) type ValueEq<T> = Option<fn(&T, &T) -> bool>;
+pub type ValueEq<T> = Option<fn(&T, &T) -> bool>;
 
 /// What the caller knows of a result type beyond serde: its `==`, and
 /// whether the local cache may keep it decoded and clone it out (`clone_cached`, for a
@@ -196,11 +196,11 @@ pub type SharedValue = std::sync::Arc<dyn std::any::Any + Send + Sync>;
 
 impl<T: Clone + Send + Sync + 'static> Share<T> {
     /// The sharing functions of `T`.
-    pub fn of() -> Option<Self> {
-        Some(Share {
+    pub fn of() -> Self {
+        Share {
             keep: |v| std::sync::Arc::new(v.clone()),
             clone_out: |shared| shared.downcast_ref::<T>().cloned(),
-        })
+        }
     }
 }
 

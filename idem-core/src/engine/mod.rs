@@ -30,7 +30,7 @@ mod step;
 pub use builder::IdemBuilder;
 pub(crate) use builder::SHARED_BACKEND;
 pub use call::{Call, InProgress, MissingKey, RequestPrint};
-pub use complete::{Share, SharedValue, ValueOps};
+pub use complete::{Share, SharedValue, ValueEq, ValueOps};
 pub use outcome::{Origin, Outcome};
 
 use step::step;
