@@ -72,6 +72,29 @@ ensure_rabbitmq() {
   return 1
 }
 
+# NATS with JetStream (the JetStream consumer tests): 127.0.0.1:4222, its store in
+# /var/lib/nats-server. Up means the client port answers.
+_nats_port_open() {
+  (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null
+}
+
+ensure_nats() {
+  if _nats_port_open; then
+    echo "nats: up"
+    return
+  fi
+  echo "nats: down, starting it (with JetStream)"
+  mkdir -p /var/lib/nats-server
+  start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+    -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+  for _ in $(seq 1 30); do
+    _nats_port_open && { echo "nats: up"; return; }
+    sleep 0.5
+  done
+  echo "nats: did not come up within 15 s" >&2
+  return 1
+}
+
 # A 3-node Redis Cluster on spare ports in a temporary directory; sets REDIS_CLUSTER_URLS
 # (`redis+cluster://127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`, what idem's connect() and the
 # cluster tests read from IDEM_TEST_REDIS_CLUSTER). Nothing is kept on disk but the nodes'

@@ -279,7 +279,7 @@ fn replay_parts(c: &mut Criterion) {
     let payload = rt.block_on(async {
         let token = idem::Token::random();
         store.claim(&key, &fp, token, lease).await.expect("a claim");
-        let sealed = idem_core::envelope::seal_value(&idem::Json, 0, &receipt_for(&req))
+        let sealed = idem_core::envelope::seal_value(&idem::codec::Json, 0, &receipt_for(&req))
             .expect("a receipt seals");
         store
             .complete(&key, token, sealed.into(), Duration::from_secs(3600))
@@ -309,9 +309,10 @@ fn replay_parts(c: &mut Criterion) {
     // `memory_first_call`): the claim must be visible before the body runs, so it is its own
     // map access, and the complete another.
     let next = AtomicU64::new(0);
-    let sealed: idem::Bytes = idem_core::envelope::seal_value(&idem::Json, 0, &receipt_for(&req))
-        .expect("a receipt seals")
-        .into();
+    let sealed: idem::Bytes =
+        idem_core::envelope::seal_value(&idem::codec::Json, 0, &receipt_for(&req))
+            .expect("a receipt seals")
+            .into();
     g.bench_function("store_claim_and_complete", |b| {
         b.to_async(&rt).iter_batched(
             || {
@@ -334,16 +335,20 @@ fn replay_parts(c: &mut Criterion) {
     });
     g.bench_function("open_and_decode", |b| {
         b.iter(|| {
-            idem_core::envelope::open_value::<_, Receipt>(&idem::Json, 0, black_box(&payload))
-                .expect("a receipt")
+            idem_core::envelope::open_value::<_, Receipt>(
+                &idem::codec::Json,
+                0,
+                black_box(&payload),
+            )
+            .expect("a receipt")
         })
     });
     g.finish();
 }
 
 fn choose_global_engine(_: &mut Criterion) {
-    // On purpose, as the docs of `set_global` ask: the memory store, without the warning
-    // of the implicit engine.
+    // The functions without `store = ...` need a global engine: the memory store, as a
+    // test would choose.
     let _ = idem::set_global(Idem::new(MemoryStore::new()));
 }
 

@@ -1,10 +1,11 @@
-//! What `#[idempotent]` costs on Redis and Postgres, measured against what a user would write
+//! What `#[idempotent]` costs on Redis, Postgres and MySQL/MariaDB, measured against what a user would write
 //! instead on the same client, in the same run: read the ratios (`BENCHMARKS.md`), not the
 //! absolute times, which are mostly the server's round trips.
 //!
 //! ```sh
 //! IDEM_TEST_REDIS_URL=redis://127.0.0.1:6379 \
 //! IDEM_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test \
+//! IDEM_TEST_MYSQL_URL=mysql://root@127.0.0.1:3306/test \
 //!     cargo bench --bench remote --all-features
 //! ```
 //!
@@ -27,6 +28,9 @@
 //! - `redis_replay_32`, `postgres_replay_16`: the same with 32 (Redis) or 16 (Postgres)
 //!   concurrent callers, each a tokio task. The time per iteration is the total elapsed
 //!   time divided by the calls made, i.e. the inverse of the throughput.
+//! - `mysql_replay_1`, `mysql_replay_16`, `mysql_first_call`: the Postgres groups on MySQL
+//!   or MariaDB, with a pool of 16 as well (`VARBINARY` order ids, `LONGBLOB` bodies,
+//!   `INSERT IGNORE` by hand).
 //! - `redis_first_call`, `postgres_first_call`: an order never seen before, one caller.
 //!   Baseline: the raw write alone, `SET` / `INSERT` (1 round trip, and on Postgres 1
 //!   commit); idem: claim, run, complete (2 round trips, 2 commits).
@@ -41,9 +45,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion};
-use idem::stores::{PostgresStore, RedisStore};
+use idem::stores::{MySqlStore, PostgresStore, RedisStore};
 use idem::{idempotent, Idem};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
 mod support;
@@ -245,7 +250,7 @@ async fn pg_write_by_hand(req: ChargeRequest) -> Receipt {
     receipt
 }
 
-/// The tables of this run: idem's, and the hand-written side's.
+/// The tables of this run: idem's, and the hand-written side's (on Postgres and MySQL).
 struct PgTables {
     idem: String,
     by_hand: String,
@@ -298,6 +303,117 @@ async fn setup_postgres() -> Option<PgTables> {
 
 async fn cleanup_postgres(tables: &PgTables) {
     let pool = &PG_BY_HAND.get().expect("set up").pool;
+    for table in [
+        tables.idem.clone(),
+        format!("{}_schema", tables.idem),
+        tables.by_hand.clone(),
+    ] {
+        if let Err(e) = sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+            .execute(pool)
+            .await
+        {
+            eprintln!("could not drop {table}: {e}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// MySQL / MariaDB.
+
+/// The pool both MySQL sides share, and the hand-written side's statements.
+struct MyByHand {
+    pool: MySqlPool,
+    select: String,
+    insert: String,
+}
+
+static MY_ENGINE: OnceLock<Idem> = OnceLock::new();
+static MY_BY_HAND: OnceLock<MyByHand> = OnceLock::new();
+
+fn my_engine() -> &'static Idem {
+    MY_ENGINE.get().expect("the MySQL engine is set up in main")
+}
+
+#[idempotent(key = req.order_id, store = my_engine())]
+async fn my_charge(req: ChargeRequest) -> Receipt {
+    receipt_for(&req)
+}
+
+/// The hand-written check on MySQL: select the stored body, decode it; on a miss, charge,
+/// encode, insert.
+async fn my_charge_by_hand(req: ChargeRequest) -> Receipt {
+    let hand = MY_BY_HAND.get().expect("set up in main");
+    let stored: Option<(Vec<u8>,)> = sqlx::query_as(&hand.select)
+        .bind(&req.order_id)
+        .fetch_optional(&hand.pool)
+        .await
+        .expect("SELECT");
+    match stored {
+        Some((body,)) => serde_json::from_slice(&body).expect("a stored receipt"),
+        None => my_write_by_hand(req).await,
+    }
+}
+
+/// The hand-written miss on MySQL, and the first-call baseline: one `INSERT IGNORE`.
+async fn my_write_by_hand(req: ChargeRequest) -> Receipt {
+    let hand = MY_BY_HAND.get().expect("set up in main");
+    let receipt = receipt_for(&req);
+    let body = serde_json::to_vec(&receipt).expect("a receipt encodes");
+    sqlx::query(&hand.insert)
+        .bind(&req.order_id)
+        .bind(body)
+        .execute(&hand.pool)
+        .await
+        .expect("INSERT");
+    receipt
+}
+
+async fn setup_mysql() -> Option<PgTables> {
+    let url = idem_core::testing::backend_url("IDEM_TEST_MYSQL_URL")?;
+    let pool = MySqlPoolOptions::new()
+        .max_connections(16)
+        .test_before_acquire(false)
+        .acquire_timeout(Duration::from_secs(3));
+    let pool = match tokio::time::timeout(Duration::from_secs(10), pool.connect(&url)).await {
+        Ok(Ok(pool)) => pool,
+        Ok(Err(e)) => return unreachable_server("IDEM_TEST_MYSQL_URL", "MySQL", &e),
+        Err(_) => return unreachable_server("IDEM_TEST_MYSQL_URL", "MySQL", &"no answer in 10s"),
+    };
+    let pid = std::process::id();
+    let tables = PgTables {
+        idem: format!("bench_idem_{pid}"),
+        by_hand: format!("bench_by_hand_{pid}"),
+    };
+    let store = MySqlStore::new(pool.clone())
+        .with_table(&tables.idem)
+        .expect("a valid table name");
+    store.migrate().await.expect("idem's table");
+    let _ = MY_ENGINE.set(Idem::new(store));
+    let by_hand = &tables.by_hand;
+    sqlx::query(&format!(
+        "CREATE TABLE IF NOT EXISTS {by_hand} (order_id VARBINARY(255) PRIMARY KEY, body LONGBLOB NOT NULL)"
+    ))
+    .execute(&pool)
+    .await
+    .expect("the hand-written side's table");
+    let _ = MY_BY_HAND.set(MyByHand {
+        select: format!("SELECT body FROM {by_hand} WHERE order_id = ?"),
+        insert: format!("INSERT IGNORE INTO {by_hand} (order_id, body) VALUES (?, ?)"),
+        pool,
+    });
+    for order in 0..STORED {
+        my_charge(request(order)).await.expect("a first call");
+        my_charge_by_hand(request(order)).await;
+    }
+    Some(tables)
+}
+
+async fn cleanup_mysql(tables: &PgTables) {
+    let pool = &MY_BY_HAND.get().expect("set up").pool;
+    let procedure = format!("DROP PROCEDURE IF EXISTS {}_claim", tables.idem);
+    if let Err(e) = sqlx::query(&procedure).execute(pool).await {
+        eprintln!("could not drop the claim procedure: {e}");
+    }
     for table in [
         tables.idem.clone(),
         format!("{}_schema", tables.idem),
@@ -447,6 +563,7 @@ fn main() {
     let run = format!("{}-{nanos}", std::process::id());
     let redis = rt.block_on(setup_redis(&run));
     let postgres = rt.block_on(setup_postgres());
+    let mysql = rt.block_on(setup_mysql());
 
     let mut c = Criterion::default().configure_from_args();
     if redis.is_some() {
@@ -469,6 +586,16 @@ fn main() {
             pg_charge,
         );
     }
+    if mysql.is_some() {
+        backend_groups(
+            &mut c,
+            &rt,
+            "mysql",
+            16,
+            (my_charge_by_hand, my_write_by_hand),
+            my_charge,
+        );
+    }
     c.final_summary();
 
     if let Some(prefix) = &redis {
@@ -476,5 +603,8 @@ fn main() {
     }
     if let Some(tables) = &postgres {
         rt.block_on(cleanup_postgres(tables));
+    }
+    if let Some(tables) = &mysql {
+        rt.block_on(cleanup_mysql(tables));
     }
 }

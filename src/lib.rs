@@ -54,30 +54,34 @@
 //! Each call runs in one `idem.call` tracing span (fields `scope`, `key`, `outcome`,
 //! `store_seconds`), entered around the body. Feature `metrics` reports
 //! `idem_calls_total{scope,outcome}`, `idem_store_step_seconds{step,backend}` and
-//! `idem_calls_in_progress` through the `metrics` facade. The README's "Operating idem"
-//! lists them, and the `idem` admin command (crate `idem-cli`).
+//! `idem_calls_in_progress` through the `metrics` facade. The guide's
+//! [operating](guide::operating) chapter lists them, and the `idem` admin command (crate
+//! `idem-cli`).
 //!
 //! ## HTTP
 //!
 //! Feature `http` adds `idem::http` (the crate `idem-http`): a tower layer that gives an
 //! axum or tower service the `Idempotency-Key` header's semantics on any store. `http-axum`
 //! adds its axum extractor and error responses, `http-client` the retrying reqwest client.
+//!
+//! ## The guide
+//!
+//! [`guide`] walks through the rest, one chapter at a time: a first function, what a call
+//! does (in pictures), the full promise, keys, the engine API, failures, stores,
+//! durability, HTTP, consumers, and operating idem.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 pub use idem_core::dedup;
-pub use idem_core::outcome;
-pub use idem_core::{async_trait, digest_hex, Bytes};
+pub use idem_core::{async_trait, Bytes};
 pub use idem_core::{
-    codec, BoxError, BuiltinCodec, Call, Capabilities, Claim, Codec, DecodeError, Delivery, Error,
-    Fingerprint, Idem, IdemBuilder, InProgress, Json, Key, MissingKey, Origin, Outcome,
-    ReadableKeyId, Record, Store, StoreError, StoreWrapper, Token, DEFAULT_LEASE,
-    DEFAULT_STEP_TIMEOUT, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
+    codec, BoxError, Call, CallWithOutcome, Capabilities, Claim, DecodeError, Error, Fingerprint,
+    Idem, IdemBuilder, InProgress, Key, LeaseLoss, MissingKey, Origin, Outcome, Record, Store,
+    StoreError, StoreWrapper, Token, DEFAULT_LEASE, DEFAULT_RETRY_AFTER, DEFAULT_STEP_TIMEOUT,
+    DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
 };
 pub use idem_stores::MemoryStore;
 
@@ -86,7 +90,10 @@ pub use idem_stores::MemoryStore;
 /// `idem-http`.
 #[cfg(feature = "http")]
 #[cfg_attr(docsrs, doc(cfg(feature = "http")))]
-pub use idem_http as http;
+pub mod http {
+    #[doc(inline)]
+    pub use idem_http::*;
+}
 
 /// Makes an `async fn` safe to retry: its body runs once per idempotency key, and every
 /// later call with that key gets the stored result instead of running it again.
@@ -105,6 +112,7 @@ pub use idem_http as http;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), idem::Error> {
+/// idem::set_global(idem::Idem::new(idem::MemoryStore::new())).unwrap(); // once, at start-up
 /// let first = send_welcome_email(7, "ada@example.com".into()).await?;
 /// let retry = send_welcome_email(7, "ada@example.com".into()).await?; // replayed
 /// assert_eq!(first, retry);
@@ -171,6 +179,7 @@ pub use idem_http as http;
 /// }
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
+/// # idem::set_global(idem::Idem::new(idem::MemoryStore::new())).unwrap();
 /// # assert_eq!(charge("o-1".into(), 100).await.unwrap(), "receipt for o-1");
 /// # assert!(matches!(charge("o-2".into(), 0).await, Err(PaymentError::Declined)));
 /// # let n: Result<u64, idem::Error> = count(vec![1, 2]).await;
@@ -188,6 +197,7 @@ pub use idem_http as http;
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), idem::Error> {
+/// # idem::set_global(idem::Idem::new(idem::MemoryStore::new())).unwrap();
 /// let first = charge("o-7".into()).await?;
 /// let retry = charge("o-7".into()).await?;
 /// assert_eq!((first.origin(), retry.origin()), (Origin::Ran, Origin::Store));
@@ -216,14 +226,17 @@ pub use idem_http as http;
 /// - `scope = "..."` overrides all of this, and keeps the keys when the function moves or
 ///   is renamed.
 ///
-/// The id is the `key = <expr>` value: a string or an integer stays readable (`order-42`),
-/// any other `Serialize` value becomes a 128-bit digest. A key that is an `Option` is its
+/// The id is the `key = <expr>` value: a value that serializes as a string or an integer
+/// (`&str`, `String`, any integer type, a `#[serde(transparent)]` newtype of one) stays
+/// readable (`order-42`), any other `Serialize` value becomes a 128-bit digest (a `Uuid`
+/// too: its compact form is bytes). A key that is an `Option` is its
 /// value when `Some`; when `None` the call has no key, and answers [`Error::MissingKey`]
 /// without running the body (or, with `missing_key = "run"`, runs it without
 /// idempotency), so that requests without an id never share one key. Without `key`, the
 /// id is the digest of every argument that is not skipped. The fingerprint, which tells a
 /// retry from a different request under the same key, is the digest of every argument that
-/// is not skipped. Receivers (`self`) are never part of either. Both are computed from the
+/// is not skipped. Receivers (`self`) are never part of either, nor an argument that is the
+/// engine (`store = idem`, `store = &*idem`). Both are computed from the
 /// arguments as they were passed, before the body runs. Digests follow a fixed, documented
 /// encoding (struct fields in the order of their names, map entries in any order, enum
 /// variants by name), so reordering a struct's fields or renaming a type keeps its keys.
@@ -239,10 +252,11 @@ pub use idem_http as http;
 /// | `lease` | how long a claim holds the key before another caller may take it over | the engine's (30 seconds) |
 /// | `in_progress` | `"reject"` or `"wait"`: what a duplicate does while the first call runs | the engine's (`"reject"`) |
 /// | `wait_timeout` | how long `"wait"` waits | the engine's (10 seconds) |
+/// | `lease_loss` | `"cancel"` or `"finish"`: what the body does if its lease is lost while it runs ([`LeaseLoss`]) | the engine's (`"cancel"`) |
 /// | `fingerprint` | a `Serialize` value to digest, a [`Fingerprint`], or `none` | digest of the arguments |
 /// | `skip(a, b)` | arguments left out of the key and the fingerprint | none skipped |
 /// | `cache_errors` | alone: store every `Err`; `= <predicate>`: store the `Err`s for which `Fn(&E) -> bool` is true | no error stored |
-/// | `codec` | a [`Codec`] value for the stored result | the engine's (JSON) |
+/// | `codec` | a [`Codec`](codec::Codec) value for the stored result | the engine's (JSON) |
 /// | `version` | an integer written into every stored record; records of another version are refused | `0` |
 /// | `missing_key` | `"error"` or `"run"`: what a call whose key is `None` does | `"error"` ([`Error::MissingKey`]) |
 /// | `clone_cached` | alone: the engine's local cache keeps the result decoded and answers a hit with a clone (the type must be `Clone + Send + Sync + 'static`) | a hit decodes the cached bytes |
@@ -271,10 +285,11 @@ pub use idem_http as http;
 /// }
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
+/// # idem::set_global(idem::Idem::new(idem::MemoryStore::new())).unwrap();
 /// # let req = ChargeRequest { order_id: "order-42".into(), amount_cents: 5 };
 /// # assert_eq!(charge(req).await.unwrap(), 5);
 /// # let key = idem::Key::new(concat!(module_path!(), "::charge"), "order-42").unwrap();
-/// # assert!(idem::global().store().get(&key).await.unwrap().is_some());
+/// # assert!(idem::global().unwrap().store().get(&key).await.unwrap().is_some());
 /// # assert_eq!(issue_invoice("t".into(), 1, vec![]).await.unwrap(), 0);
 /// # }
 /// ```
@@ -291,9 +306,10 @@ pub use idem_http as http;
 /// }
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
+/// # idem::set_global(idem::Idem::new(idem::MemoryStore::new())).unwrap();
 /// # assert!(charge("o-1".into()).await.unwrap());
 /// # let key = idem::Key::new("billing::charge::v2", "o-1").unwrap();
-/// # assert!(idem::global().store().get(&key).await.unwrap().is_some());
+/// # assert!(idem::global().unwrap().store().get(&key).await.unwrap().is_some());
 /// # }
 /// ```
 ///
@@ -316,8 +332,9 @@ pub use idem_http as http;
 ///     }
 /// }
 ///
-/// // An engine passed as an argument: skipped, since it is not part of the request.
-/// #[idempotent(key = user_id, store = idem, skip(idem))]
+/// // An engine passed as an argument is left out of the key and the fingerprint by
+/// // itself: it is not part of the request.
+/// #[idempotent(key = user_id, store = idem)]
 /// async fn notify(idem: &Idem, user_id: u64) -> String {
 ///     format!("notified {user_id}")
 /// }
@@ -329,14 +346,12 @@ pub use idem_http as http;
 /// # }
 /// ```
 ///
-/// Without `store`, the global engine is used: the one given to [`set_global`] at start-up,
-/// or else an implicit in-memory one, for tests. The implicit one is never silent: the
-/// first call of each function on it logs a `warn` naming the function, and once the
-/// process has built an engine on a shared store (Postgres, Redis, any but memory), calls
-/// on it fail with [`Error::Config`] naming the function, so a `store = self.idem`
-/// forgotten in a service cannot quietly keep its records in one process.
+/// Without `store`, the function runs on the process's global engine, the one given to
+/// [`set_global`] at start-up (a test sets one on a [`MemoryStore`]). When none is set, a
+/// call fails with [`Error::Config`] naming the function and both fixes, and its body does
+/// not run: see [`set_global`].
 ///
-/// ## `ttl`, `lease`, `in_progress`, `wait_timeout`
+/// ## `ttl`, `lease`, `in_progress`, `wait_timeout`, `lease_loss`
 ///
 /// ```
 /// # use idem::idempotent;
@@ -350,12 +365,15 @@ pub use idem_http as http;
 ///     lease = JOB_LEASE,         // a crashed worker's claim is taken over after 2 minutes
 ///     in_progress = "wait",      // a duplicate waits for the first run's result...
 ///     wait_timeout = "30s",      // ...for up to 30 seconds, then gets Error::WaitTimeout
+///     lease_loss = "finish",     // a body whose lease is lost runs to its end (not stored)
 /// )]
 /// async fn render_report(job_id: u64) -> Vec<u8> {
 ///     vec![0; 16]
 /// }
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() { assert_eq!(render_report(1).await.unwrap().len(), 16); }
+/// # async fn main() {
+/// # idem::set_global(idem::Idem::new(idem::MemoryStore::new())).unwrap();
+/// # assert_eq!(render_report(1).await.unwrap().len(), 16); }
 /// ```
 ///
 /// ## `fingerprint`
@@ -375,6 +393,7 @@ pub use idem_http as http;
 /// }
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
+/// # idem::set_global(idem::Idem::new(idem::MemoryStore::new())).unwrap();
 /// # assert_eq!(charge("o-9".into(), 5, "EUR".into(), "a".into()).await.unwrap(), 5);
 /// # assert_eq!(charge("o-9".into(), 5, "EUR".into(), "b".into()).await.unwrap(), 5);
 /// # assert!(matches!(charge("o-9".into(), 6, "EUR".into(), "a".into()).await, Err(idem::Error::KeyReuse { .. })));
@@ -396,7 +415,9 @@ pub use idem_http as http;
 ///     1.0
 /// }
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() { assert_eq!(fetch_rates(&HttpClient, 1, "EUR".into()).await.unwrap(), 1.0); }
+/// # async fn main() {
+/// # idem::set_global(idem::Idem::new(idem::MemoryStore::new())).unwrap();
+/// # assert_eq!(fetch_rates(&HttpClient, 1, "EUR".into()).await.unwrap(), 1.0); }
 /// ```
 ///
 /// ## `cache_errors`
@@ -432,6 +453,7 @@ pub use idem_http as http;
 /// }
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
+/// # idem::set_global(idem::Idem::new(idem::MemoryStore::new())).unwrap();
 /// # assert!(matches!(charge("o-1".into(), 5).await, Err(PaymentError::Declined { .. })));
 /// # validate("o-1".into()).await.unwrap();
 /// # }
@@ -443,14 +465,16 @@ pub use idem_http as http;
 ///
 /// ```
 /// # use idem::idempotent;
-/// // Any `idem::Codec`; JSON is the default. With the `postcard` feature,
+/// // Any `idem::codec::Codec`; JSON is the default. With the `postcard` feature,
 /// // `codec = idem::codec::Postcard` stores compact bytes.
-/// #[idempotent(key = id, codec = idem::Json)]
+/// #[idempotent(key = id, codec = idem::codec::Json)]
 /// async fn lookup(id: u64) -> Vec<u64> {
 ///     vec![id]
 /// }
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() { assert_eq!(lookup(3).await.unwrap(), vec![3]); }
+/// # async fn main() {
+/// # idem::set_global(idem::Idem::new(idem::MemoryStore::new())).unwrap();
+/// # assert_eq!(lookup(3).await.unwrap(), vec![3]); }
 /// ```
 ///
 /// ## `version`
@@ -467,7 +491,9 @@ pub use idem_http as http;
 ///     Quote { cents: 1250 }
 /// }
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() { assert_eq!(quote("o-1".into()).await.unwrap().cents, 1250); }
+/// # async fn main() {
+/// # idem::set_global(idem::Idem::new(idem::MemoryStore::new())).unwrap();
+/// # assert_eq!(quote("o-1".into()).await.unwrap().cents, 1250); }
 /// ```
 ///
 /// ## `missing_key`
@@ -483,6 +509,7 @@ pub use idem_http as http;
 /// }
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
+/// # idem::set_global(idem::Idem::new(idem::MemoryStore::new())).unwrap();
 /// # let req = || Signup { request_id: None, email: "a@b".into() };
 /// # assert_eq!(sign_up(req()).await.unwrap(), "welcome a@b");
 /// # assert_eq!(sign_up(req()).await.unwrap(), "welcome a@b");
@@ -525,7 +552,7 @@ pub use idem_http as http;
 /// ## `crate`
 ///
 /// ```
-/// // As with `payments_idem = { package = "idem", ... }` in Cargo.toml:
+/// // As with `payments_idem = { package = "idemkit", ... }` in Cargo.toml:
 /// use ::idem as payments_idem;
 ///
 /// #[payments_idem::idempotent(key = id, crate = "payments_idem")]
@@ -533,7 +560,9 @@ pub use idem_http as http;
 ///     id
 /// }
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() { assert_eq!(lookup(3).await.unwrap(), 3); }
+/// # async fn main() {
+/// # payments_idem::set_global(payments_idem::Idem::new(payments_idem::MemoryStore::new())).unwrap();
+/// # assert_eq!(lookup(3).await.unwrap(), 3); }
 /// ```
 ///
 /// # Methods, generics, patterns, `#[async_trait]`
@@ -627,12 +656,12 @@ pub use idem_http as http;
 ///         // Key and fingerprint come first, from the arguments as passed.
 ///         // `key = req.order_id`: a string stays readable; the scope is the module path,
 ///         // the impl's type as `#[idem::scoped]` read it, and the method's name.
-///         let key = Key::new(concat!(module_path!(), "::", "Payments", "::", "charge"), &req.order_id);
+///         // An invalid key is returned as an error, before the store.
+///         let key = Key::new(concat!(module_path!(), "::", "Payments", "::", "charge"), &req.order_id)?;
 ///         // The fingerprint digests every argument that is not skipped (`self` never is).
 ///         let fingerprint = Fingerprint::of(&(&req,));
 ///         engine
-///             // An invalid key is returned as an error, before the store.
-///             .call_checked(key, fingerprint)
+///             .call(key, fingerprint)
 ///             .ttl(Duration::from_millis(86_400_000)) // "24h", checked at compile time
 ///             // A `Result` body: `Ok` is stored, `Err` releases the key, and idem's own
 ///             // errors become `PaymentError` through `From<idem::Error>`.
@@ -660,8 +689,9 @@ pub use idem_http as http;
 /// expression), an argument that cannot be digested (at the argument, suggesting `skip`),
 /// a method without `#[idem::scoped]` or `scope` (at `self`), a generic function without
 /// `scope` (at the type parameter).
-/// The function is still emitted unchanged beside the error, so the rest of the crate
-/// keeps compiling.
+/// Each is the only message: beside the errors, the function is still emitted with the
+/// signature the attribute gives it and its body type-checked (never run), so its callers,
+/// its arguments and the imports the attribute names raise no error or warning of their own.
 ///
 /// ```compile_fail
 /// use idem::idempotent;
@@ -702,10 +732,11 @@ pub use idem_macros::idempotent;
 /// }
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
+/// # idem::set_global(idem::Idem::new(idem::MemoryStore::new())).unwrap();
 /// assert_eq!(Orders.create(1).await.unwrap(), 1);
 /// assert_eq!(Users.create(1).await.unwrap(), 1001);
 /// let key = idem::Key::new(concat!(module_path!(), "::Orders::create"), "1").unwrap();
-/// assert!(idem::global().store().get(&key).await.unwrap().is_some());
+/// assert!(idem::global().unwrap().store().get(&key).await.unwrap().is_some());
 /// # }
 /// ```
 ///
@@ -736,64 +767,71 @@ pub mod stores {
     pub use idem_stores::*;
 }
 
+// Only in the docs and their doctests: the guide has no items, and a build that uses idem
+// gains nothing from it.
+#[cfg(any(doc, doctest))]
+pub mod guide;
+
 static GLOBAL: OnceLock<Idem> = OnceLock::new();
-/// Whether [`set_global`] chose the global engine (rather than the implicit default).
-static CHOSEN: AtomicBool = AtomicBool::new(false);
 
-/// Sets the engine that `#[idempotent]` functions without `store = ...` use. It can be set
-/// once, before the first such call; afterwards it returns the engine back as `Err`.
+/// Sets the process's global engine: the one `#[idempotent]` functions without
+/// `store = ...` run on. It can be set once; a second call returns the engine back as `Err`.
 ///
-/// Without it, such functions run on an implicit in-process engine on a [`MemoryStore`],
-/// which is what unit tests want and what a service of several instances must not have: an
-/// in-process store shares nothing between processes. So the implicit engine is guarded:
+/// This is the one place that chooses where such functions keep their records, as
+/// `tracing::subscriber::set_global_default` is the one place that chooses where events go.
+/// Until it is set, a call of such a function fails closed: [`Error::Config`] naming the
+/// function, `store = ...` and this function, and the body does not run. There is no
+/// implicit default, because the only one idem could pick is an in-process memory store,
+/// which a service of several instances must not have (it shares nothing between them);
+/// nor does building an engine anywhere else change what these functions do.
 ///
-/// - the first call of each such function logs a `warn` event (target `idem`) naming it;
-/// - once the process has built an engine on any other store (a Postgres or Redis `Idem`,
-///   the sign of a service whose idempotency must be shared), a call of a function left
-///   on the implicit engine fails with [`Error::Config`] naming it, and its body does not
-///   run, instead of quietly keeping its records in memory.
+/// In a service, set the shared engine at start-up; in tests, the memory store:
 ///
-/// To use the memory store on purpose, say so: `idem::set_global(Idem::new(MemoryStore::new()))`.
+/// ```
+/// use idem::{idempotent, Idem, MemoryStore};
+///
+/// #[idempotent(key = id)]
+/// async fn charge(id: u64) -> u64 { id }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// // Without a global engine, the call is refused and the body does not run.
+/// assert!(matches!(charge(1).await, Err(idem::Error::Config { .. })));
+/// idem::set_global(Idem::new(MemoryStore::new())).unwrap();
+/// assert_eq!(charge(1).await.unwrap(), 1);
+/// // Set once: tests sharing a binary may each try, `let _ = idem::set_global(...)`.
+/// assert!(idem::set_global(Idem::new(MemoryStore::new())).is_err());
+/// # }
+/// ```
 pub fn set_global(idem: Idem) -> Result<(), Idem> {
-    GLOBAL.set(idem)?;
-    CHOSEN.store(true, Ordering::SeqCst);
-    Ok(())
+    GLOBAL.set(idem)
 }
 
-/// The global engine: the one given to [`set_global`], or else the implicit in-memory one.
-pub fn global() -> &'static Idem {
-    GLOBAL.get_or_init(|| Idem::new(MemoryStore::new()))
+/// The global engine, once [`set_global`] has set it.
+pub fn global() -> Option<&'static Idem> {
+    GLOBAL.get()
 }
 
-/// What a function without `store = ...` may run on: see [`set_global`].
-fn implicit_global(scope: &str, key: Result<Key, Error>) -> Result<Key, Error> {
-    if CHOSEN.load(Ordering::SeqCst) {
+/// The key of a call of a function without `store = ...`, or the error that refuses it
+/// while no global engine is set.
+fn global_key(scope: &str, key: Result<Key, Error>) -> Result<Key, Error> {
+    if GLOBAL.get().is_some() {
         return key;
     }
-    if let Some(backend) = idem_core::private::shared_backend_in_use() {
-        return Err(Error::Config {
-            message: format!(
-                "`{scope}` has no `store = ...` and no global engine was chosen, while this process uses a {backend} store: it would keep its records in an in-process memory store, which no other instance sees. Give its #[idempotent] a `store = <your Idem>`, or choose the global engine at startup with idem::set_global(...)"
-            ),
-            source: None,
-        });
-    }
-    static WARNED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
-    let first = WARNED
-        .lock()
-        .map(|mut warned| warned.insert(scope.to_owned()))
-        .unwrap_or(false);
-    if first {
-        tracing::warn!(target: "idem", scope = %scope,
-            "an #[idempotent] fn without `store = ...` runs on the implicit in-process memory engine: fine in tests; a service of several instances needs `store = <its Idem>` or idem::set_global(...)");
-    }
-    key
+    Err(Error::Config {
+        message: format!(
+            "`{scope}` has no `store = ...` and no global engine is set: give its #[idempotent] a `store = <your Idem>`, or set the process's engine at startup with idem::set_global(Idem::new(store)) (in tests, a MemoryStore)"
+        ),
+        source: None,
+    })
 }
 
 /// An engine with every default on the store a URL names (`memory://`, `sqlite://...`,
 /// `postgres://...`, `mysql://...`, `redis://...`, `redis+cluster://...`). A scheme whose
-/// cargo feature is off answers with an error that names the feature. A SQL store creates
-/// its table when it is missing, as the store's own `connect` does.
+/// cargo feature is off answers with an error that names the feature; an unknown scheme or
+/// a malformed URL, with an [`Error::Config`] that says so. No error shows the URL's
+/// password (see [`stores::connect`]). A SQL store creates its table when it is missing, as
+/// the store's own `connect` does.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -811,9 +849,13 @@ pub async fn connect(url: &str) -> Result<Idem, Error> {
 pub mod __private {
     pub use idem_core::private::*;
 
-    /// The engine of a function without `store = ...`.
+    /// The engine of a function without `store = ...`: the global one, or, while none is
+    /// set, an engine that is never reached (its calls fail first, see [`implicit_global`]).
     pub fn global() -> &'static idem_core::Idem {
-        crate::global()
+        static UNSET: std::sync::OnceLock<idem_core::Idem> = std::sync::OnceLock::new();
+        crate::global().unwrap_or_else(|| {
+            UNSET.get_or_init(|| idem_core::Idem::new(crate::MemoryStore::new()))
+        })
     }
 
     /// The key of a call on the engine of a function without `store = ...`, or the
@@ -822,6 +864,6 @@ pub mod __private {
         scope: &str,
         key: Result<idem_core::Key, idem_core::Error>,
     ) -> Result<idem_core::Key, idem_core::Error> {
-        crate::implicit_global(scope, key)
+        crate::global_key(scope, key)
     }
 }

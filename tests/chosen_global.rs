@@ -1,13 +1,13 @@
 //! `idem::set_global` with the memory store: a choice made in plain sight, which neither
-//! warns nor is refused beside a shared store. In a binary of its own: the global engine
+//! warns nor is refused beside an engine on a shared store. In a binary of its own: the global engine
 //! is process-wide.
 
-#[path = "support/log.rs"]
-mod log;
+mod support;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use idem::{idempotent, Idem, MemoryStore, StoreWrapper};
+use idem::{idempotent, Idem, MemoryStore};
+use support::stores::NamedAs;
 
 static RUNS: AtomicU32 = AtomicU32::new(0);
 
@@ -17,25 +17,12 @@ async fn charge(id: u32) -> u32 {
     id
 }
 
-#[derive(Debug, Default)]
-struct Shared(MemoryStore);
-
-impl StoreWrapper for Shared {
-    type Inner = MemoryStore;
-    fn inner(&self) -> &MemoryStore {
-        &self.0
-    }
-    fn backend(&self) -> &'static str {
-        "redis"
-    }
-}
-
 #[tokio::test(flavor = "current_thread")]
 async fn a_global_engine_chosen_with_set_global_runs_beside_a_shared_store_without_warning() {
-    let (events, _guard) = log::capture(tracing::Level::WARN);
+    let (events, _guard) = support::log::capture(tracing::Level::WARN);
 
     idem::set_global(Idem::new(MemoryStore::new())).unwrap();
-    let _redis = Idem::new(Shared::default());
+    let _redis = Idem::new(NamedAs::new("redis"));
     assert_eq!(charge(1).await.unwrap(), 1);
     assert_eq!(charge(1).await.unwrap(), 1);
     assert_eq!(RUNS.load(Ordering::SeqCst), 1);

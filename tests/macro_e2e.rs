@@ -420,7 +420,7 @@ async fn two_functions_share_keys_only_through_an_explicit_scope() {
     assert_eq!(shared_a(&idem, &calls, 1).await.unwrap(), 1);
     assert_eq!(shared_b(&idem, &calls, 1).await.unwrap(), 1);
     assert_eq!(runs(&calls), 3);
-    let id = idem::digest_hex(&(&1u32,));
+    let id = idem_core::digest_hex(&(&1u32,));
     assert!(stored(&idem, Key::new("e2e::shared", id).unwrap()).await);
 }
 
@@ -541,12 +541,14 @@ async fn on_explicit(idem: &Idem, id: String) -> u32 {
 
 #[tokio::test]
 async fn without_store_the_global_engine_is_used_and_an_explicit_store_is_its_own() {
+    // This binary's global engine; only this test uses it.
+    idem::set_global(Idem::new(idem::MemoryStore::new())).unwrap();
     let id = "global-1".to_string();
     assert_eq!(on_global(id.clone()).await.unwrap(), 1);
     assert_eq!(on_global(id.clone()).await.unwrap(), 1);
     assert_eq!(runs(&GLOBAL_CALLS), 1);
     let key = Key::new("e2e::on_global", &id).unwrap();
-    assert!(stored(idem::global(), key.clone()).await);
+    assert!(stored(idem::global().unwrap(), key.clone()).await);
 
     // Same scope and key, another engine: nothing stored there yet, so the body runs,
     // and the global engine's record is untouched.

@@ -1,7 +1,8 @@
 //! Crashes, through `#[idempotent]`: a process killed with SIGKILL in the middle of a body;
 //! a result that must outlive the process that stored it; a Redis server of the test's own
 //! killed and restarted under a running engine; a Postgres server of the test's own
-//! stopped without a checkpoint (`pg_ctl stop -m immediate`) and recovered. The crashing
+//! stopped without a checkpoint (`pg_ctl stop -m immediate`) and recovered; a MariaDB server
+//! of the test's own killed with SIGKILL and recovered. The crashing
 //! processes are this test binary started again with `IDEM_CRASH_MODE` set (the test
 //! `reliability_crash_child`).
 //!
@@ -218,6 +219,24 @@ async fn reliability_crash_postgres_result_survives_the_process() {
         return;
     };
     survives_the_calling_process("postgres", &url).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reliability_crash_mysql_sigkill_mid_body() {
+    let Some(url) = backend_url("IDEM_TEST_MYSQL_URL") else {
+        return;
+    };
+    killed_in_the_body("mysql", &url).await;
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reliability_crash_mysql_result_survives_the_process() {
+    let Some(url) = backend_url("IDEM_TEST_MYSQL_URL") else {
+        return;
+    };
+    survives_the_calling_process("mysql", &url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -489,20 +508,35 @@ impl Drop for OwnPostgres {
     }
 }
 
-/// Results completed before the server crashed are replayed after its recovery, by the
-/// same engine (its pool reconnects) and by a new process; no body runs again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reliability_crash_postgres_server_restart_keeps_results() {
-    if backend_url("IDEM_TEST_POSTGRES_URL").is_none() {
-        return;
+/// A database server of the test's own that can crash and start again.
+trait OwnServer: Send + 'static {
+    /// The URL of its database.
+    fn url(&self) -> String;
+    /// Stops it at once, as a crash does (no checkpoint, no clean shutdown).
+    fn crash(&self);
+    /// Starts it again on the same data, waiting until it answers.
+    fn spawn(&self);
+}
+
+impl OwnServer for OwnPostgres {
+    fn url(&self) -> String {
+        OwnPostgres::url(self)
     }
-    let server = tokio::task::spawn_blocking(OwnPostgres::start)
-        .await
-        .unwrap();
+    fn crash(&self) {
+        OwnPostgres::crash(self)
+    }
+    fn spawn(&self) {
+        OwnPostgres::spawn(self)
+    }
+}
+
+/// Results completed before `server` crashed are replayed after its recovery, by the same
+/// engine (its pool reconnects) and by a new process; no body runs again.
+async fn server_restart_keeps_results<S: OwnServer>(server: S, label: &str) {
     let url = server.url();
     let idem = idem::connect(&url).await.unwrap();
     let runs = AtomicU32::new(0);
-    let ids: Vec<String> = (0..20).map(|i| format!("pg-restart-{i}")).collect();
+    let ids: Vec<String> = (0..20).map(|i| format!("{label}-restart-{i}")).collect();
     let mut values = Vec::new();
     for id in &ids {
         values.push(charge(&idem, &runs, id.clone(), false).await.unwrap());
@@ -542,16 +576,145 @@ async fn reliability_crash_postgres_server_restart_keeps_results() {
         20,
         "a body ran again after the restart"
     );
+    let first = ids[0].clone();
     let (answer, ran) = tokio::task::spawn_blocking({
         let url = url.clone();
-        move || complete_in_child(&url, "pg-restart-0")
+        move || complete_in_child(&url, &first)
     })
     .await
     .unwrap();
     assert_eq!(answer, values[0]);
     assert!(!ran, "a new process ran the body after the restart");
     drop(server);
-    eprintln!(
-        "reliability crash postgres server: 20 results survived an immediate stop and recovery"
-    );
+    eprintln!("reliability crash {label} server: 20 results survived a crash and recovery");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reliability_crash_postgres_server_restart_keeps_results() {
+    if backend_url("IDEM_TEST_POSTGRES_URL").is_none() {
+        return;
+    }
+    let server = tokio::task::spawn_blocking(OwnPostgres::start)
+        .await
+        .unwrap();
+    server_restart_keeps_results(server, "postgres").await;
+}
+
+// --- a MariaDB server of the test's own, killed and restarted -------------------------------
+
+/// A MariaDB server in a temporary directory on a spare port (`mariadb-install-db`, then
+/// `mariadbd` as a child of the test; root over TCP with no password, loopback only).
+#[cfg(feature = "mysql")]
+struct OwnMariaDb {
+    port: u16,
+    dir: tempfile::TempDir,
+    child: std::sync::Mutex<Option<Child>>,
+}
+
+#[cfg(feature = "mysql")]
+impl OwnMariaDb {
+    fn start() -> OwnMariaDb {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let out = Command::new("mariadb-install-db")
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", dir.path().join("data").display()))
+            .args([
+                "--user=root",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+            ])
+            .output()
+            .expect("mariadb-install-db is on PATH");
+        assert!(
+            out.status.success(),
+            "mariadb-install-db: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let server = OwnMariaDb {
+            port,
+            dir,
+            child: std::sync::Mutex::new(None),
+        };
+        OwnServer::spawn(&server);
+        server
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl OwnServer for OwnMariaDb {
+    fn url(&self) -> String {
+        format!("mysql://root@127.0.0.1:{}/test", self.port)
+    }
+
+    /// SIGKILL: InnoDB recovers from its redo log on the next start (every commit flushed,
+    /// `innodb_flush_log_at_trx_commit = 1`, the default).
+    fn crash(&self) {
+        if let Some(mut child) = self.child.lock().unwrap().take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    fn spawn(&self) {
+        let d = self.dir.path();
+        let child = Command::new("mariadbd")
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", d.join("data").display()))
+            .arg(format!("--port={}", self.port))
+            .arg(format!("--socket={}", d.join("sock").display()))
+            .arg(format!("--pid-file={}", d.join("pid").display()))
+            .arg(format!("--log-error={}", d.join("err.log").display()))
+            .args([
+                "--bind-address=127.0.0.1",
+                "--user=root",
+                "--skip-name-resolve",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("mariadbd is on PATH");
+        *self.child.lock().unwrap() = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ready = Command::new("mariadb")
+                .args(["--protocol=tcp", "-h", "127.0.0.1", "-u", "root"])
+                .arg(format!("-P{}", self.port))
+                .args(["-e", "CREATE DATABASE IF NOT EXISTS test"])
+                .output()
+                .is_ok_and(|o| o.status.success());
+            if ready {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "mariadbd did not answer within 30 s: {}",
+                std::fs::read_to_string(d.join("err.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl Drop for OwnMariaDb {
+    fn drop(&mut self) {
+        self.crash();
+    }
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reliability_crash_mysql_server_restart_keeps_results() {
+    if backend_url("IDEM_TEST_MYSQL_URL").is_none() {
+        return;
+    }
+    let server = tokio::task::spawn_blocking(OwnMariaDb::start)
+        .await
+        .unwrap();
+    server_restart_keeps_results(server, "mysql").await;
 }

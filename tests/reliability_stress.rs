@@ -200,9 +200,23 @@ async fn reliability_stress_postgres() {
     both_modes("postgres", || [engine(a.clone()), engine(b.clone())]).await;
 }
 
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reliability_stress_mysql() {
+    use idem::stores::MySqlStore;
+    let Some(url) = backend_url("IDEM_TEST_MYSQL_URL") else {
+        return;
+    };
+    let a = MySqlStore::connect(&url).await.unwrap();
+    a.migrate().await.unwrap();
+    let b = MySqlStore::connect(&url).await.unwrap();
+    let (a, b): (Arc<dyn idem::Store>, Arc<dyn idem::Store>) = (Arc::new(a), Arc::new(b));
+    both_modes("mysql", || [engine(a.clone()), engine(b.clone())]).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reliability_stress_redis() {
-    use idem::stores::redis::RedisStore;
+    use idem::stores::RedisStore;
     let Some(url) = backend_url("IDEM_TEST_REDIS_URL") else {
         return;
     };
@@ -412,6 +426,15 @@ fn reliability_stress_two_processes_postgres() {
         return;
     };
     two_processes("postgres", &url);
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn reliability_stress_two_processes_mysql() {
+    let Some(url) = backend_url("IDEM_TEST_MYSQL_URL") else {
+        return;
+    };
+    two_processes("mysql", &url);
 }
 
 #[test]

@@ -3,113 +3,17 @@
 //! step, and the error names the step and the backend. Driven by tokio's paused clock, so
 //! the bounds are exact and the tests take no real time.
 
+mod support;
+
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{
-    Bytes, Claim, Error, Fingerprint, Idem, Key, MemoryStore, Record, Store, StoreError,
-    StoreWrapper, Token,
-};
+use idem::{Error, Fingerprint, Idem, Key, MemoryStore, Store, StoreError};
+use support::stores::{BoundedButWaitHangs, Hanging, Passing, SelfBounded, Unnamed};
 use tokio::time::Instant;
 
 const STEP: Duration = Duration::from_millis(500);
-
-/// How many of the next calls of one step hang.
-#[derive(Debug, Default)]
-struct Hang {
-    next: AtomicU32,
-    calls: AtomicU32,
-    /// Hanging calls the engine gave up on (their future was dropped).
-    abandoned: AtomicU32,
-}
-
-impl Hang {
-    /// Counts the call; hangs until dropped when a hang is due.
-    async fn maybe(&self) {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-        let due = self
-            .next
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if due {
-            let _noted = Abandoned(&self.abandoned);
-            std::future::pending::<()>().await;
-        }
-    }
-
-    fn set(&self, n: u32) {
-        self.next.store(n, Ordering::SeqCst);
-    }
-
-    fn calls(&self) -> u32 {
-        self.calls.load(Ordering::SeqCst)
-    }
-
-    fn abandoned(&self) -> u32 {
-        self.abandoned.load(Ordering::SeqCst)
-    }
-}
-
-/// Counts a hanging call when its future is dropped: only the engine's timeout ends one.
-struct Abandoned<'a>(&'a AtomicU32);
-
-impl Drop for Abandoned<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-/// A memory store whose steps can be made to hang.
-#[derive(Debug, Default)]
-struct Hanging {
-    inner: MemoryStore,
-    claim: Hang,
-    complete: Hang,
-    release: Hang,
-    extend: Hang,
-    delete: Hang,
-}
-
-#[idem::async_trait]
-impl StoreWrapper for Hanging {
-    type Inner = MemoryStore;
-    fn inner(&self) -> &MemoryStore {
-        &self.inner
-    }
-    async fn claim(
-        &self,
-        key: &Key,
-        fp: &Fingerprint,
-        token: Token,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
-        self.claim.maybe().await;
-        self.inner.claim(key, fp, token, lease).await
-    }
-    async fn complete(
-        &self,
-        key: &Key,
-        token: Token,
-        payload: Bytes,
-        ttl: Duration,
-    ) -> Result<(), StoreError> {
-        self.complete.maybe().await;
-        self.inner.complete(key, token, payload, ttl).await
-    }
-    async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError> {
-        self.release.maybe().await;
-        self.inner.release(key, token).await
-    }
-    async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
-        self.extend.maybe().await;
-        self.inner.extend(key, token, lease).await
-    }
-    async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
-        self.delete.maybe().await;
-        self.inner.delete(key).await
-    }
-}
 
 fn setup() -> (Arc<Hanging>, Idem) {
     let store = Arc::new(Hanging::default());
@@ -305,44 +209,6 @@ fn the_step_timeout_is_validated_and_defaults_to_five_seconds() {
     assert_eq!(idem::DEFAULT_STEP_TIMEOUT, Duration::from_secs(5));
 }
 
-/// A store that does not name its backend.
-#[derive(Debug, Default)]
-struct Unnamed(MemoryStore);
-
-#[idem::async_trait]
-impl Store for Unnamed {
-    async fn claim(
-        &self,
-        key: &Key,
-        fp: &Fingerprint,
-        token: Token,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
-        self.0.claim(key, fp, token, lease).await
-    }
-    async fn complete(
-        &self,
-        key: &Key,
-        token: Token,
-        payload: Bytes,
-        ttl: Duration,
-    ) -> Result<(), StoreError> {
-        self.0.complete(key, token, payload, ttl).await
-    }
-    async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError> {
-        self.0.release(key, token).await
-    }
-    async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
-        self.0.extend(key, token, lease).await
-    }
-    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        self.0.get(key).await
-    }
-    async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
-        self.0.delete(key).await
-    }
-}
-
 #[test]
 fn backends_are_named_and_wrappers_forward_the_name() {
     assert_eq!(MemoryStore::new().backend(), "memory");
@@ -354,36 +220,6 @@ fn backends_are_named_and_wrappers_forward_the_name() {
     assert_eq!(Arc::new(Unnamed::default()).backend(), "custom");
     // A wrapper that overrides steps but not the name still names its inner store.
     assert_eq!(Store::backend(&Hanging::default()), "memory");
-}
-
-/// A memory store that says it bounds each of its steps by `bound` ([`Store::step_bound`]),
-/// and whose claims take `claim_takes`.
-#[derive(Debug)]
-struct SelfBounded {
-    inner: MemoryStore,
-    bound: Duration,
-    claim_takes: Duration,
-}
-
-#[idem::async_trait]
-impl StoreWrapper for SelfBounded {
-    type Inner = MemoryStore;
-    fn inner(&self) -> &MemoryStore {
-        &self.inner
-    }
-    async fn claim(
-        &self,
-        key: &Key,
-        fp: &Fingerprint,
-        token: Token,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
-        tokio::time::sleep(self.claim_takes).await;
-        self.inner.claim(key, fp, token, lease).await
-    }
-    fn step_bound(&self) -> Option<Duration> {
-        Some(self.bound)
-    }
 }
 
 fn self_bounded(bound: Duration, claim_takes: Duration) -> Idem {
@@ -446,43 +282,12 @@ fn wrappers_do_not_inherit_a_step_bound_and_boxes_do() {
     assert_eq!(Store::step_bound(&Arc::new(boxed)), Some(STEP));
 }
 
-/// A wrapper that overrides nothing.
-#[derive(Debug)]
-struct Passing<S>(S);
-
-impl<S: Store> StoreWrapper for Passing<S> {
-    type Inner = S;
-    fn inner(&self) -> &S {
-        &self.0
-    }
-}
-
-/// A store that bounds its steps, and whose `wait` never returns: `wait` is not one of the
-/// steps its bound covers, so the engine times it whatever the store says.
-#[derive(Debug)]
-struct BoundedButWaitHangs {
-    inner: MemoryStore,
-}
-
-#[idem::async_trait]
-impl StoreWrapper for BoundedButWaitHangs {
-    type Inner = MemoryStore;
-    fn inner(&self) -> &MemoryStore {
-        &self.inner
-    }
-    async fn wait(&self, _key: &Key, _at_most: Duration) -> Result<(), StoreError> {
-        std::future::pending().await
-    }
-    fn step_bound(&self) -> Option<Duration> {
-        Some(STEP / 2)
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_hanging_wait_is_timed_by_the_engine_even_when_the_store_bounds_its_steps() {
     let idem = Idem::builder()
         .store(BoundedButWaitHangs {
             inner: MemoryStore::new(),
+            bound: STEP / 2,
         })
         .step_timeout(STEP)
         .build()

@@ -2,8 +2,7 @@
 //! callsite is wanted process-wide, and a sibling test thread without a subscriber that
 //! reaches a callsite first would hide it from the subscriber this test installs.
 
-#[path = "support/log.rs"]
-mod log;
+mod support;
 
 use std::time::Duration;
 
@@ -27,7 +26,7 @@ impl From<idem::Error> for PayError {
 
 #[tokio::test(start_paused = true)]
 async fn tracing_events_mark_claim_replay_complete_release_and_takeover() {
-    let (events, _guard) = log::capture(tracing::Level::TRACE);
+    let (events, _guard) = support::log::capture(tracing::Level::TRACE);
 
     let store = MemoryStore::new();
     let idem = Idem::new(store.clone());
@@ -74,11 +73,11 @@ async fn tracing_events_mark_claim_replay_complete_release_and_takeover() {
         .await
         .unwrap();
     // A call without a key, told to run anyway, says so.
-    let _: u8 = idem
-        .call_checked(
-            Key::from_id_result("engine-tests::no_key", Ok(None)),
-            Fingerprint::NONE,
-        )
+    // (A missing key, as `#[idempotent]` passes it on through its hidden helper.)
+    let no_key = Err(idem::Error::MissingKey {
+        scope: "engine-tests::no_key".into(),
+    });
+    let _: u8 = idem::__private::call(&idem, no_key, Fingerprint::NONE)
         .missing_key(idem::MissingKey::Run)
         .run(|| async { 5 })
         .await

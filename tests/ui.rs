@@ -1,7 +1,7 @@
 //! Compile-time behaviour of `#[idempotent]`: what compiles (`tests/ui/pass`) and the
 //! errors for each misuse, at the offending token (`tests/ui/fail/*.stderr`).
 //!
-//! Regenerate the expected errors with `TRYBUILD=overwrite cargo test -p idem --test ui`,
+//! Regenerate the expected errors with `TRYBUILD=overwrite cargo test -p idemkit --test ui`,
 //! then read every changed `.stderr`: the message and its span are what is under test.
 //!
 //! The expected errors are rustc's wording on the stable toolchain CI runs; a beta or

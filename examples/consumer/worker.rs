@@ -22,8 +22,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use futures_util::StreamExt;
+use idem::dedup::Decision;
 use idem::stores::PostgresStore;
-use idem::{idempotent, Delivery, Idem, Key};
+use idem::{idempotent, Fingerprint, Idem, Key, Origin};
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -113,14 +114,14 @@ impl Worker {
     }
 
     /// Handles one delivery of `order_id`; whether it was the first.
-    pub async fn handle(&self, order_id: &str) -> Result<Delivery, BoxError> {
+    pub async fn handle(&self, order_id: &str) -> Result<Origin, BoxError> {
         let key = Key::new("shipping.order_shipped", order_id)?;
         let mut tx = self.store.pool().begin().await?;
         let delivery = self
             .store
-            .mark_processed_in(&mut *tx, &key, DEDUP_TTL)
+            .mark_processed_in(&mut *tx, &key, Fingerprint::of(order_id), DEDUP_TTL)
             .await?;
-        if delivery == Delivery::First {
+        if delivery == Origin::Ran {
             sqlx::query(&format!(
                 "INSERT INTO {} (order_id) VALUES ($1)",
                 self.shipments
@@ -147,22 +148,32 @@ impl Worker {
                 self.stats.redelivered.fetch_add(1, Ordering::SeqCst);
             }
             let order_id = String::from_utf8_lossy(&delivery.data).into_owned();
-            match self.handle(&order_id).await {
-                Ok(outcome) => {
-                    if outcome.is_duplicate() {
-                        self.stats.duplicates.fetch_add(1, Ordering::SeqCst);
-                    }
+            let answer = self.handle(&order_id).await;
+            if answer.as_ref().is_ok_and(|d| d.is_replay()) {
+                self.stats.duplicates.fetch_add(1, Ordering::SeqCst);
+            }
+            // One decision for every broker: what idem (or the handler) answered, as an
+            // ack, a requeue, or a dead letter.
+            match Decision::of(&answer) {
+                Decision::Ack => {
                     if Faults::take(&self.faults.die_before_ack, &order_id) {
                         return Ok(Ended::Died);
                     }
                     delivery.ack(BasicAckOptions::default()).await?;
                     self.stats.acks.fetch_add(1, Ordering::SeqCst);
                 }
-                Err(e) => {
-                    eprintln!("order {order_id}: {e}; requeued");
+                // RabbitMQ requeues at once: the delay is a hint it has no place for.
+                decision @ (Decision::Redeliver { .. } | Decision::Reject) => {
+                    let requeue = decision != Decision::Reject;
+                    if let Err(e) = &answer {
+                        eprintln!(
+                            "order {order_id}: {e}; {}",
+                            if requeue { "requeued" } else { "rejected" }
+                        );
+                    }
                     delivery
                         .nack(BasicNackOptions {
-                            requeue: true,
+                            requeue,
                             ..Default::default()
                         })
                         .await?;

@@ -1,5 +1,6 @@
-//! The `idem` binary against real stores: SQLite always, Postgres and Redis with
-//! `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_REDIS_URL` (required under `IDEM_REQUIRE_BACKENDS=1`).
+//! The `idem` binary against real stores: SQLite always; Postgres, MySQL and Redis with
+//! `IDEM_TEST_POSTGRES_URL` / `IDEM_TEST_MYSQL_URL` / `IDEM_TEST_REDIS_URL` (required under
+//! `IDEM_REQUIRE_BACKENDS=1`).
 //! Records are written through the engine, as a service writes them; each test uses a
 //! table or prefix of its own.
 
@@ -138,19 +139,69 @@ async fn sql_store_flow(url: &str, store: impl Store, flags: &[&str]) {
         "{text}"
     );
 
-    let stats = run(&["stats", url]);
+    // A key with `%`: found under the store's own key encoding (Postgres escapes it).
+    let percent = Key::new("billing::charge", "100%-off").unwrap();
+    let _: u32 = idem
+        .call(percent.clone(), fp)
+        .ttl(Duration::from_secs(3600))
+        .run(|| async { 5 })
+        .await
+        .unwrap();
+    let got = run(&["get", url, "billing::charge/100%-off"]);
+    assert_eq!(got["state"], "completed");
+    let left = got["expires_in_ms"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no expiry shown for a key with `%`: {got}"));
+    assert!(left > 3_500_000 && left <= 3_600_000, "{left}");
+    assert_eq!(got["payload"]["value"], 5);
+
+    let all = serde_json::json!({ "completed": 2, "in_progress": 1, "ended": 1 });
+    assert_eq!(run(&["stats", url]), all);
+
+    // Dry runs delete nothing, and say what they would.
+    let would = run(&["purge-expired", "--dry-run", url]);
     assert_eq!(
-        stats,
-        serde_json::json!({ "completed": 1, "in_progress": 1, "ended": 1 })
+        would,
+        serde_json::json!({ "would_purge": 1, "dry_run": true })
     );
+    let would = run(&["delete", "--dry-run", url, "billing::charge/order-42"]);
+    assert_eq!(would["deleted"], true);
+    assert_eq!(would["dry_run"], true);
+    assert_eq!(would["record"]["state"], "completed");
+    assert_eq!(run(&["stats", url]), all, "a dry run deleted something");
 
     let purged = run(&["purge-expired", url]);
     assert_eq!(purged, serde_json::json!({ "purged": 1 }));
 
-    let deleted = run(&["delete", url, "billing::charge/order-43"]);
+    // A live claim: a call is running. Refused without --force (a dry run too).
+    for dry in [&[][..], &["--dry-run"][..]] {
+        let mut cmd = vec!["delete"];
+        cmd.extend(dry);
+        cmd.extend([url, "billing::charge/order-43"]);
+        let a = args(&cmd);
+        let (code, text, err) = idem_cmd(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(code, 3, "{cmd:?}: {text} {err}");
+        assert!(
+            text.contains("live claim") && text.contains("--force"),
+            "{text}"
+        );
+    }
+    let claimed = serde_json::json!({ "completed": 2, "in_progress": 1, "ended": 0 });
+    assert_eq!(run(&["stats", url]), claimed, "a refused delete deleted");
+    assert_eq!(
+        run(&["get", url, "billing::charge/order-43"])["state"],
+        "in_progress"
+    );
+    let deleted = run(&["delete", "--force", url, "billing::charge/order-43"]);
     assert_eq!(deleted["deleted"], true);
+    assert_eq!(deleted["record"]["state"], "in_progress");
     assert_eq!(code_of(&["delete", url, "billing::charge/order-43"]), 4);
     assert_eq!(code_of(&["get", url, "billing::charge/order-43"]), 4);
+    // A completed record goes without --force.
+    assert_eq!(
+        run(&["delete", url, "billing::charge/100%-off"])["deleted"],
+        true
+    );
 
     let stats = run(&["stats", url]);
     assert_eq!(
@@ -210,6 +261,78 @@ async fn postgres_get_stats_delete_purge_migrate() {
 }
 
 #[tokio::test]
+async fn mysql_get_stats_delete_purge_migrate() {
+    let Some(url) = backend_url("IDEM_TEST_MYSQL_URL") else {
+        return;
+    };
+    let table = unique("idem_cli");
+    json_ok(&["migrate", &url, "--table", &table]);
+    let store = idem::stores::MySqlStore::builder()
+        .table(&table)
+        .migrate(false)
+        .connect(&url)
+        .await
+        .unwrap();
+    sql_store_flow(&url, store, &["--table", &table]).await;
+    let pool = sqlx::MySqlPool::connect(&url).await.unwrap();
+    for t in [table.clone(), format!("{table}_schema")] {
+        sqlx::query(&format!("DROP TABLE IF EXISTS `{t}`"))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+    sqlx::query(&format!("DROP PROCEDURE IF EXISTS `{table}_claim`"))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn redis_lost_records_are_acknowledged_for_every_store_under_the_prefix() {
+    let Some(url) = backend_url("IDEM_TEST_REDIS_URL") else {
+        return;
+    };
+    let prefix = format!("{}:", unique("idem-cli-epoch"));
+    let store = idem::stores::RedisStore::builder()
+        .prefix(&prefix)
+        .epoch_check_interval(Duration::ZERO)
+        .on_lost_records(idem::stores::LostRecords::FailClaimsUntilAcknowledged)
+        .open(&url)
+        .await
+        .unwrap();
+    let idem = Idem::new(store.clone());
+    // The shared server is not flushed: its epoch alone is lost, which looks the same.
+    let mut admin = ::redis::Client::open(url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: u64 = ::redis::cmd("DEL")
+        .arg(store.epoch_key())
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let key = Key::new("billing::charge", "after-loss").unwrap();
+    let refused = idem
+        .call(key.clone(), Fingerprint::NONE)
+        .run(|| async { 1u32 })
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+    let p = ["--prefix", prefix.as_str()];
+    let (code, out, err) = idem_cmd(&["acknowledge-lost-records", &url, p[0], p[1]]);
+    assert_eq!(code, 0, "{out} {err}");
+    assert!(out.contains("acknowledged"), "{out}");
+    let ran = idem
+        .call(key, Fingerprint::NONE)
+        .run(|| async { 2u32 })
+        .await
+        .unwrap();
+    assert_eq!(ran, 2);
+    let (code, _, err) = idem_cmd(&["acknowledge-lost-records", "sqlite::memory:"]);
+    assert_eq!(code, 3, "{err}");
+}
+
+#[tokio::test]
 async fn redis_get_delete_and_what_redis_does_not_do() {
     let Some(url) = backend_url("IDEM_TEST_REDIS_URL") else {
         return;
@@ -252,6 +375,49 @@ async fn redis_get_delete_and_what_redis_does_not_do() {
         "nothing to migrate: Redis keeps no schema"
     );
 
+    // A live claim is refused without --force, a dry run deletes nothing.
+    let held = Key::new("billing::charge", "order-43").unwrap();
+    idem.store()
+        .claim(
+            &held,
+            &Fingerprint::NONE,
+            Token::random(),
+            Duration::from_secs(600),
+        )
+        .await
+        .unwrap();
+    let (code, text, err) = idem_cmd(&["delete", &url, "billing::charge/order-43", p[0], p[1]]);
+    assert_eq!(code, 3, "{text} {err}");
+    assert!(text.contains("live claim"), "{text}");
+    let got = json_ok(&["get", &url, "billing::charge/order-43", p[0], p[1]]);
+    assert_eq!(got["state"], "in_progress");
+    let lease = got["lease_left_ms"].as_u64().unwrap();
+    assert!(lease > 500_000 && lease <= 600_000, "{lease}");
+    let would = json_ok(&[
+        "delete",
+        "--dry-run",
+        &url,
+        "billing::charge/order-42",
+        p[0],
+        p[1],
+    ]);
+    assert_eq!(would["deleted"], true);
+    assert_eq!(
+        json_ok(&["get", &url, "billing::charge/order-42", p[0], p[1]])["state"],
+        "completed",
+        "a dry run deleted"
+    );
+    assert_eq!(
+        json_ok(&[
+            "delete",
+            "--force",
+            &url,
+            "billing::charge/order-43",
+            p[0],
+            p[1]
+        ])["deleted"],
+        true
+    );
     assert_eq!(
         json_ok(&["delete", &url, "billing::charge/order-42", p[0], p[1]])["deleted"],
         true

@@ -9,41 +9,186 @@
 //!   result to every redelivery. The right tool when the effect leaves the process (an
 //!   email, a payment provider): the lease keeps two consumers from running it at once,
 //!   and a handler that fails releases the key so the redelivery runs it again.
-//! - [`Idem::mark_processed`]: record the key now, answering [`Delivery::First`] the first
-//!   time and [`Delivery::Duplicate`] after. For work already done (or made safe) by other
+//! - [`Idem::mark_processed`]: record the key now, answering [`Origin::Ran`] the first
+//!   time and [`Origin::Store`] after. For work already done (or made safe) by other
 //!   means: mark after the effect and before the ack.
 //! - [`Idem::is_processed`]: only look.
 //!
 //! Dedup records are ordinary records: the value `()` in the JSON codec, result version 0,
-//! fingerprint [`Fingerprint::NONE`]. The SQL stores write the same record inside the
+//! and the message's fingerprint ([`Fingerprint::NONE`] when the caller trusts the key
+//! alone), so that a reused id with another payload is [`Error::KeyReuse`], not a
+//! duplicate. The SQL stores write the same record inside the
 //! user's own transaction (`SqlStore::mark_processed_in`), so the two paths see each other.
 
-use crate::codec::Json;
-use crate::engine::outcome::WithOutcome;
-use crate::{Call, Error, Fingerprint, Idem, Key, Origin, Record};
+use std::time::Duration;
 
-/// Whether a delivery is the first of its dedup key or a duplicate of one already processed.
+use crate::codec::Json;
+use crate::{BoxError, CallWithOutcome, Error, Fingerprint, Idem, Key, Origin, Record};
+
+/// What a consumer tells its broker about one delivery, whatever the broker: the one place
+/// that maps idem's answer to an ack, a redelivery or a dead letter.
+///
+/// | idem answered | decision | RabbitMQ | NATS JetStream |
+/// | --- | --- | --- | --- |
+/// | the first run, or a duplicate replayed | [`Ack`](Decision::Ack) | `ack` | `ack` |
+/// | [`Error::InProgress`] (another consumer runs it) | [`Redeliver`](Decision::Redeliver) after its hint | `nack` with requeue | `nak` with delay |
+/// | [`Error::WaitTimeout`], [`Error::LeaseLost`], a temporary [`Error::Store`] | `Redeliver` after 1 s | `nack` with requeue | `nak` with delay |
+/// | a permanent [`Error::Store`], [`Error::Config`], [`Error::Connect`], [`Error::InvalidOption`] (the consumer's setup, not the message) | `Redeliver` after 30 s | `nack` with requeue | `nak` with delay |
+/// | [`Error::KeyReuse`] (the id was used by another payload) | [`Reject`](Decision::Reject) | `reject`, no requeue (dead letter) | `term` |
+/// | [`Error::InvalidKey`], [`Error::MissingKey`] (the message has no usable key) | `Reject` | `reject` | `term` |
+/// | [`Error::Decode`], [`Error::Encode`] (a record this build cannot read, a result it could not store: the effect may have happened) | `Reject` | `reject` | `term` |
+/// | the handler's own error, [retryable](HandlerError::is_retryable) | `Redeliver` after 1 s | `nack` with requeue | `nak` with delay |
+/// | the handler's own error, not retryable | `Reject` | `reject` | `term` |
+///
+/// Nothing is acked that was not done, and nothing done is redelivered to run again: a
+/// redelivery of a processed message is a duplicate, answered `Ack`.
+///
+/// ```
+/// # use idem::{Fingerprint, Idem, Key, MemoryStore, dedup::Decision};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem::Error> {
+/// let idem = Idem::new(MemoryStore::new());
+/// let key = Key::new("mail.consumer", "order-confirmation:o-7:1")?;
+/// let answer = idem.consume(key, Fingerprint::NONE).run(|| async { "sent".to_string() }).await;
+/// assert_eq!(Decision::of(&answer), Decision::Ack);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Delivery {
-    /// No record was under the key: this delivery did (or is to do) the work.
-    First,
-    /// The key was already processed: ack the message and do nothing.
-    Duplicate,
+pub enum Decision {
+    /// Done (this delivery ran it, or an earlier one did): acknowledge the message.
+    Ack,
+    /// Not done, and a later attempt can do it: have the broker deliver it again after
+    /// `after`.
+    Redeliver {
+        /// How long the broker should wait (a hint: RabbitMQ requeues at once).
+        after: Duration,
+    },
+    /// Not processable as it is, now or later: reject it without requeue, to the
+    /// dead-letter queue or its broker's equivalent, where a person can look.
+    Reject,
 }
 
-impl Delivery {
-    /// Whether this delivery is a duplicate.
-    pub fn is_duplicate(self) -> bool {
-        self == Delivery::Duplicate
-    }
+impl Decision {
+    /// The pause before a redelivery that a retry soon can fix.
+    pub const SOON: Duration = Duration::from_secs(1);
+    /// The pause before a redelivery held up by the consumer's own setup (a store that
+    /// refuses it, a bad option): long enough not to spin, short enough to recover.
+    pub const LATER: Duration = Duration::from_secs(30);
 
-    /// The delivery a call's [`Origin`] tells: the run is the first, a replay a duplicate.
-    pub fn of(origin: Origin) -> Delivery {
-        match origin {
-            Origin::Ran => Delivery::First,
-            _ => Delivery::Duplicate,
+    /// The decision for what a handler run through the engine answered, or
+    /// [`Idem::mark_processed`]: `Ok` is done, first or duplicate; an error is classified
+    /// as the table above says.
+    pub fn of<T, E: HandlerError>(answer: &Result<T, E>) -> Decision {
+        match answer {
+            Ok(_) => Decision::Ack,
+            Err(err) => Decision::of_error(err),
         }
     }
+
+    /// The decision for an error: idem's own as the table says, the handler's by
+    /// [`HandlerError::is_retryable`].
+    pub fn of_error<E: HandlerError + ?Sized>(err: &E) -> Decision {
+        let Some(err) = err.as_idem() else {
+            return if err.is_retryable() {
+                Decision::Redeliver {
+                    after: Decision::SOON,
+                }
+            } else {
+                Decision::Reject
+            };
+        };
+        match err {
+            Error::InProgress { retry_after, .. } => Decision::Redeliver {
+                after: (*retry_after).max(Duration::from_millis(1)),
+            },
+            Error::WaitTimeout { .. } | Error::LeaseLost { .. } => Decision::Redeliver {
+                after: Decision::SOON,
+            },
+            Error::Store { source, .. } if source.is_temporary() => Decision::Redeliver {
+                after: Decision::SOON,
+            },
+            Error::Store { .. }
+            | Error::Config { .. }
+            | Error::Connect { .. }
+            | Error::InvalidOption { .. } => Decision::Redeliver {
+                after: Decision::LATER,
+            },
+            Error::KeyReuse { .. }
+            | Error::InvalidKey { .. }
+            | Error::MissingKey { .. }
+            | Error::Decode { .. }
+            | Error::Encode { .. } => Decision::Reject,
+        }
+    }
+}
+
+/// A message handler's error, as [`Decision`] needs to see it: idem's own error when it is
+/// one (a handler's error type wraps it, `From<idem::Error>`), and whether a redelivery can
+/// succeed when it is the handler's.
+///
+/// ```
+/// use idem::dedup::HandlerError;
+///
+/// #[derive(Debug)]
+/// enum ShipError { Idem(idem::Error), CarrierDown, BadAddress }
+///
+/// impl HandlerError for ShipError {
+///     fn as_idem(&self) -> Option<&idem::Error> {
+///         match self { ShipError::Idem(e) => Some(e), _ => None }
+///     }
+///     fn is_retryable(&self) -> bool {
+///         matches!(self, ShipError::CarrierDown)
+///     }
+/// }
+/// ```
+pub trait HandlerError {
+    /// The idem error this is, if any (default none).
+    fn as_idem(&self) -> Option<&Error> {
+        None
+    }
+
+    /// Whether a redelivery of the message can succeed where this attempt failed. Asked
+    /// only when [`as_idem`](Self::as_idem) is `None`.
+    fn is_retryable(&self) -> bool;
+}
+
+impl HandlerError for Error {
+    fn as_idem(&self) -> Option<&Error> {
+        Some(self)
+    }
+
+    fn is_retryable(&self) -> bool {
+        Error::is_retryable(self)
+    }
+}
+
+/// A boxed error is idem's when it downcasts to one; any other is retried (the broker's
+/// redelivery limit then dead-letters what keeps failing), since nothing says it is final.
+impl HandlerError for BoxError {
+    fn as_idem(&self) -> Option<&Error> {
+        self.downcast_ref::<Error>()
+    }
+
+    fn is_retryable(&self) -> bool {
+        true
+    }
+}
+
+/// The id a publisher gives a message whose dedup key is `key` (NATS JetStream's
+/// `Nats-Msg-Id`, an AMQP `message-id`), so that the broker's own duplicate window drops a
+/// re-publish of it, and the consumer derives the same key on the other side: 32 hex
+/// characters, a blake3 digest of the key (a fixed, documented format: publishers of one
+/// release and consumers of another agree).
+///
+/// ```
+/// let key = idem::Key::new("orders", "o-1")?;
+/// let id = idem::dedup::message_id(&key);
+/// assert_eq!(id.len(), 32);
+/// assert_eq!(id, idem::dedup::message_id(&idem::Key::new("orders", "o-1")?));
+/// # Ok::<(), idem::Error>(())
+/// ```
+pub fn message_id(key: &Key) -> String {
+    crate::digest::digest_hex(&("idem message id v1", key.as_str()))
 }
 
 /// The dedup key of a message at `offset` in `partition` of `stream` (Kafka, Redpanda,
@@ -59,61 +204,81 @@ pub fn offset_key(scope: &str, stream: &str, partition: u32, offset: u64) -> Res
 }
 
 impl Idem {
-    /// Starts the call of a message handler under its dedup `key`: no fingerprint (a
-    /// redelivery is the same message; [`Fingerprint::NONE`]), and answering an
+    /// Starts the call of a message handler under its dedup `key` and the message's
+    /// `fingerprint` (`Fingerprint::of(&payload)`; [`Fingerprint::NONE`] to trust the key
+    /// alone), answering an
     /// [`Outcome`](crate::Outcome) whose [`origin`](crate::Outcome::origin) tells the
-    /// first delivery ([`Delivery::of`]) from a duplicate. Run it with
-    /// [`run`](Call::run) or [`run_fallible`](Call::run_fallible): the handler runs once
+    /// first delivery ([`Origin::Ran`]) from a duplicate ([`Origin::is_replay`]). Run it with
+    /// [`run`](CallWithOutcome::run) or [`run_fallible`](CallWithOutcome::run_fallible): the handler runs once
     /// under a lease and its result is stored; a duplicate gets the stored result, and one
     /// arriving while the first still runs gets [`Error::InProgress`] (do not ack it:
-    /// requeue it, or set [`in_progress`](Call::in_progress) to wait).
+    /// requeue it, or set [`in_progress`](CallWithOutcome::in_progress) to wait). A message that
+    /// reuses a processed message's key with another payload (another fingerprint) is not
+    /// a duplicate: [`Error::KeyReuse`], and [`Decision::of`] rejects it.
     ///
     /// ```
-    /// # use idem::{Idem, Key, MemoryStore, dedup::Delivery};
+    /// # use idem::{Fingerprint, Idem, Key, MemoryStore, Origin};
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), idem::Error> {
     /// let idem = Idem::new(MemoryStore::new());
     /// let key = Key::new("mail.consumer", "order-confirmation:o-7:1")?;
+    /// let payload = br#"{"order_id":"o-7","email":"ada@example.com"}"#;
+    /// let fp = Fingerprint::of(&payload[..]);
     /// let send = || async { "sent".to_string() };
-    /// let first = idem.consume(key.clone()).run(send).await?;
-    /// let again = idem.consume(key).run(send).await?;
-    /// assert_eq!(Delivery::of(first.origin()), Delivery::First);
-    /// assert_eq!(Delivery::of(again.origin()), Delivery::Duplicate);
+    /// let first = idem.consume(key.clone(), fp).run(send).await?;
+    /// let again = idem.consume(key.clone(), fp).run(send).await?;
+    /// assert_eq!(first.origin(), Origin::Ran);
+    /// assert_eq!(again.origin(), Origin::Store);
+    /// // The same id with another payload is not the same message.
+    /// let other = Fingerprint::of(&br#"{"order_id":"o-7","email":"eve@example.com"}"#[..]);
+    /// let reused = idem.consume(key, other).run(send).await;
+    /// assert!(matches!(reused, Err(idem::Error::KeyReuse { .. })));
     /// # Ok(()) }
     /// ```
-    pub fn consume(&self, key: Key) -> Call<'_, crate::BuiltinCodec, WithOutcome> {
-        self.call(key, Fingerprint::NONE).with_outcome()
+    pub fn consume(&self, key: Key, fingerprint: Fingerprint) -> CallWithOutcome<'_> {
+        self.call(key, fingerprint).with_outcome()
     }
 
-    /// Marks `key` processed and says whether it already was: [`Delivery::First`] when
-    /// this call wrote the record, [`Delivery::Duplicate`] when one was there (written by
+    /// Marks `key` processed and says whether it already was: [`Origin::Ran`] when
+    /// this call wrote the record, [`Origin::Store`] when one was there (written by
     /// this method, by [`consume`](Self::consume) with a `()` result, or by a SQL store's
-    /// `mark_processed_in`). The record lives for the engine's ttl.
+    /// `mark_processed_in`; [`Origin::LocalCache`] instead of `Store` when the engine's
+    /// local cache answered). The record lives for the engine's ttl.
     ///
     /// A key another call still holds (a [`consume`](Self::consume) running) answers
-    /// [`Error::InProgress`]: neither first nor duplicate yet.
+    /// [`Error::InProgress`]: neither first nor duplicate yet. `fingerprint` is the
+    /// message's (`Fingerprint::of(&payload)`, or [`Fingerprint::NONE`] to trust the key
+    /// alone): a key marked with another payload's is [`Error::KeyReuse`], not a
+    /// duplicate.
     ///
     /// ```
-    /// # use idem::{Idem, Key, MemoryStore, dedup::Delivery};
+    /// # use idem::{Fingerprint, Idem, Key, MemoryStore, Origin};
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), idem::Error> {
     /// let idem = Idem::new(MemoryStore::new());
     /// let key = Key::new("audit.consumer", "msg-81c2")?;
-    /// assert_eq!(idem.mark_processed(key.clone()).await?, Delivery::First);
-    /// assert_eq!(idem.mark_processed(key.clone()).await?, Delivery::Duplicate);
+    /// let fp = Fingerprint::of("user 7 logged in");
+    /// assert_eq!(idem.mark_processed(key.clone(), fp).await?, Origin::Ran);
+    /// assert_eq!(idem.mark_processed(key.clone(), fp).await?, Origin::Store);
+    /// let reused = idem.mark_processed(key.clone(), Fingerprint::of("user 8 logged in")).await;
+    /// assert!(matches!(reused, Err(idem::Error::KeyReuse { .. })));
     /// assert!(idem.is_processed(&key).await?);
     /// # Ok(()) }
     /// ```
-    pub async fn mark_processed(&self, key: Key) -> Result<Delivery, Error> {
+    pub async fn mark_processed(
+        &self,
+        key: Key,
+        fingerprint: Fingerprint,
+    ) -> Result<Origin, Error> {
         // Always JSON, whatever the engine's codec: the record must read the same through
         // every path, the SQL stores' transactional one included.
         let outcome = self
-            .call(key, Fingerprint::NONE)
+            .call(key, fingerprint)
             .codec(Json)
             .with_outcome()
             .run(|| async {})
             .await?;
-        Ok(Delivery::of(outcome.origin()))
+        Ok(outcome.origin())
     }
 
     /// Whether `key` has a completed record (processed, within its ttl). A claim still
@@ -126,5 +291,113 @@ impl Idem {
                 source,
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DecodeError, StoreError};
+
+    fn key() -> Key {
+        Key::new("c", "m-1").unwrap()
+    }
+
+    fn store(temporary: bool) -> Error {
+        Error::Store {
+            key: key(),
+            source: if temporary {
+                StoreError::Unavailable {
+                    backend: "test",
+                    source: "refused".into(),
+                }
+            } else {
+                StoreError::Backend {
+                    backend: "test",
+                    source: "permission denied".into(),
+                }
+            },
+        }
+    }
+
+    #[derive(Debug)]
+    enum Handler {
+        Idem(Error),
+        Flaky,
+        Broken,
+    }
+
+    impl HandlerError for Handler {
+        fn as_idem(&self) -> Option<&Error> {
+            match self {
+                Handler::Idem(e) => Some(e),
+                _ => None,
+            }
+        }
+        fn is_retryable(&self) -> bool {
+            matches!(self, Handler::Flaky)
+        }
+    }
+
+    #[test]
+    fn every_answer_has_its_decision() {
+        let soon = Decision::Redeliver {
+            after: Decision::SOON,
+        };
+        let later = Decision::Redeliver {
+            after: Decision::LATER,
+        };
+        let hint = Duration::from_millis(250);
+        let cases: Vec<(Error, Decision)> = vec![
+            (
+                Error::InProgress {
+                    key: key(),
+                    retry_after: hint,
+                },
+                Decision::Redeliver { after: hint },
+            ),
+            (
+                Error::WaitTimeout {
+                    key: key(),
+                    waited: hint,
+                },
+                soon,
+            ),
+            (Error::LeaseLost { key: key() }, soon),
+            (store(true), soon),
+            (store(false), later),
+            (Error::KeyReuse { key: key() }, Decision::Reject),
+            (Error::MissingKey { scope: "c".into() }, Decision::Reject),
+            (
+                Error::Decode {
+                    key: key(),
+                    source: DecodeError::NotAnEnvelope,
+                },
+                Decision::Reject,
+            ),
+        ];
+        for (err, expected) in cases {
+            assert_eq!(Decision::of_error(&err), expected, "{err}");
+            // Wrapped in the handler's error type, or boxed, the same.
+            let text = err.to_string();
+            assert_eq!(Decision::of_error(&Handler::Idem(err)), expected, "{text}");
+        }
+        let boxed: BoxError = Box::new(Error::KeyReuse { key: key() });
+        assert_eq!(Decision::of_error(&boxed), Decision::Reject);
+        let other: BoxError = "smtp timeout".into();
+        assert_eq!(Decision::of_error(&other), soon);
+        assert_eq!(Decision::of_error(&Handler::Flaky), soon);
+        assert_eq!(Decision::of_error(&Handler::Broken), Decision::Reject);
+        assert_eq!(Decision::of::<_, Error>(&Ok(Origin::Store)), Decision::Ack);
+    }
+
+    #[test]
+    fn a_message_id_is_a_stable_digest_of_the_key() {
+        // A stored format: publishers and consumers of different releases must agree.
+        assert_eq!(message_id(&key()), "166681d08b7d2813f8b45e41bdb100bb");
+        assert_ne!(
+            message_id(&key()),
+            message_id(&Key::new("c", "m-2").unwrap())
+        );
     }
 }

@@ -137,6 +137,55 @@ pub fn open_value<C: Codec, T: DeserializeOwned>(
     }
 }
 
+/// An envelope's header, as [`header`] reads it without decoding the payload: what an
+/// operator's tool shows of a stored result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Header {
+    /// The envelope format (2, or 1 for records of idem before the golden files).
+    pub format: u8,
+    /// The codec id ([`Codec::id`]): 1 JSON, 2 postcard, 3 bincode, others custom.
+    pub codec: u8,
+    /// Whether the record holds an error the call chose to cache, not its value.
+    pub cached_error: bool,
+    /// The result `version` the writing call declared (0 for format 1).
+    pub version: u64,
+}
+
+/// Reads the header of a stored record and returns it with the codec's payload, checking
+/// only that the bytes are an envelope of a format this build reads (not the codec or the
+/// result version, which belong to the reading call).
+pub fn header(bytes: &[u8]) -> Result<(Header, &[u8]), DecodeError> {
+    if bytes.len() < HEADER || &bytes[..4] != MAGIC {
+        return Err(DecodeError::NotAnEnvelope);
+    }
+    if bytes[4] != FORMAT_VERSION && bytes[4] != FORMAT_V1 {
+        return Err(DecodeError::Version {
+            found: bytes[4],
+            expected: FORMAT_VERSION,
+        });
+    }
+    let cached_error = match bytes[6] {
+        0 => false,
+        1 => true,
+        _ => return Err(DecodeError::NotAnEnvelope),
+    };
+    let version = if bytes[4] == FORMAT_V1 {
+        0
+    } else {
+        let mut v = [0u8; 8];
+        v.copy_from_slice(&bytes[7..15]);
+        u64::from_le_bytes(v)
+    };
+    let header = Header {
+        format: bytes[4],
+        codec: bytes[5],
+        cached_error,
+        version,
+    };
+    Ok((header, &bytes[HEADER..]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,6 +226,24 @@ mod tests {
         assert!(matches!(
             open(&Json, 3, &other_codec),
             Err(DecodeError::Codec { found: 77, .. })
+        ));
+    }
+
+    #[test]
+    fn header_reads_what_seal_wrote() {
+        let sealed = seal(&Json, Kind::Error, 7, &"boom").unwrap();
+        let (h, payload) = header(&sealed).unwrap();
+        assert_eq!(
+            (h.format, h.codec, h.cached_error, h.version),
+            (FORMAT_VERSION, 1, true, 7)
+        );
+        assert_eq!(payload, b"\"boom\"");
+        assert!(matches!(header(b"idem"), Err(DecodeError::NotAnEnvelope)));
+        let mut newer = sealed;
+        newer[4] = 9;
+        assert!(matches!(
+            header(&newer),
+            Err(DecodeError::Version { found: 9, .. })
         ));
     }
 }

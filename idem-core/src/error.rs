@@ -16,7 +16,10 @@ pub enum Error {
     InProgress {
         /// The key.
         key: Key,
-        /// How long the current lease still runs: a good time to retry.
+        /// How long to wait before trying again: a short hint (by default the smaller of
+        /// 1 second and a tenth of the lease; `IdemBuilder::retry_after` and
+        /// `Call::retry_after` choose another), never beyond what remains of the holder's
+        /// lease, never zero. The first call may still run by then.
         retry_after: Duration,
     },
     /// The key was first used with a different request payload (fingerprint).
@@ -240,6 +243,35 @@ pub enum StoreError {
         #[source]
         source: BoxError,
     },
+    /// The step was applied on the primary, but fewer replicas than the store requires
+    /// acknowledged it within the store's replica timeout (Redis `WAIT`). Temporary: a claim
+    /// answered this way does not run the body, a complete answered this way is tried again
+    /// (a repeated complete keeps the first result and waits for the replicas again).
+    #[error("the {backend} store applied the {step} step, but only {acknowledged} of the {required} replicas it requires acknowledged it within {after:?}")]
+    NotReplicated {
+        /// Which backend.
+        backend: &'static str,
+        /// Which step: `"claim"` or `"complete"`.
+        step: &'static str,
+        /// How many replicas acknowledged the write.
+        acknowledged: u32,
+        /// How many the store requires.
+        required: u32,
+        /// How long the store waited for them.
+        after: Duration,
+    },
+    /// The store noticed that it lost every record written before a moment (a Redis
+    /// without persistence restarted, was flushed or failed over to an empty replica), and
+    /// refuses a claim that found no record: the key may have completed before the loss, and
+    /// a claim now would run its body again. `retry_after` is how long the store goes on
+    /// refusing such claims; `None` until the loss is acknowledged (then not temporary).
+    #[error("the {backend} store lost its records (a restart without persistence, a flush or a failover to an empty replica) and refuses claims of keys it holds no record for {}", match .retry_after { Some(d) => format!("{d:?} more"), None => "until the loss is acknowledged".to_string() })]
+    RecordsLost {
+        /// Which backend.
+        backend: &'static str,
+        /// How long such claims are still refused; `None`: until acknowledged.
+        retry_after: Option<Duration>,
+    },
     /// The store holds a value under the key that is not an idem record.
     #[error("the {backend} store holds a value that is not an idem record: {reason}")]
     Corrupt {
@@ -263,7 +295,13 @@ impl StoreError {
     pub fn is_temporary(&self) -> bool {
         matches!(
             self,
-            StoreError::Unavailable { .. } | StoreError::Timeout { .. }
+            StoreError::Unavailable { .. }
+                | StoreError::Timeout { .. }
+                | StoreError::NotReplicated { .. }
+                | StoreError::RecordsLost {
+                    retry_after: Some(_),
+                    ..
+                }
         )
     }
 }

@@ -1,6 +1,5 @@
 //! Idempotency keys: a scope plus an id.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -72,7 +71,7 @@ impl Key {
         })
     }
 
-    /// A key whose id is the 128-bit digest of `value` (see [`digest_hex`](crate::digest_hex)).
+    /// A key whose id is the 128-bit digest of `value` (see [`digest_hex`](crate::digest_hex), the format).
     ///
     /// A value whose `Serialize` implementation fails has no stable digest and is refused
     /// with `Error::InvalidKey`.
@@ -83,22 +82,6 @@ impl Key {
         let id =
             digest::try_digest_hex(value).map_err(|msg| invalid_value(scope.as_ref(), &msg))?;
         Key::new(scope, id)
-    }
-
-    /// A key id from a probe that may have failed to serialize the key value, or found
-    /// none (`Ok(None)`: the key expression was `None`).
-    #[doc(hidden)]
-    pub fn from_id_result(
-        scope: &str,
-        id: Result<Option<Cow<'_, str>>, String>,
-    ) -> Result<Key, Error> {
-        match id {
-            Ok(Some(id)) => Key::new(scope, id),
-            Ok(None) => Err(Error::MissingKey {
-                scope: Shown(scope).to_string(),
-            }),
-            Err(msg) => Err(invalid_value(scope, &msg)),
-        }
     }
 
     /// The scope.
@@ -227,55 +210,6 @@ impl fmt::Debug for Key {
     }
 }
 
-/// Values that stay readable when used as a key id: strings and integers.
-///
-/// Any other `Serialize` value used as a key becomes a 128-bit hex digest.
-pub trait ReadableKeyId {
-    /// The id text.
-    fn key_id(&self) -> Cow<'_, str>;
-}
-
-impl ReadableKeyId for str {
-    fn key_id(&self) -> Cow<'_, str> {
-        Cow::Borrowed(self)
-    }
-}
-impl ReadableKeyId for String {
-    fn key_id(&self) -> Cow<'_, str> {
-        Cow::Borrowed(self)
-    }
-}
-impl ReadableKeyId for Cow<'_, str> {
-    fn key_id(&self) -> Cow<'_, str> {
-        Cow::Borrowed(self)
-    }
-}
-impl<T: ReadableKeyId + ?Sized> ReadableKeyId for &T {
-    fn key_id(&self) -> Cow<'_, str> {
-        (**self).key_id()
-    }
-}
-impl<T: ReadableKeyId + ?Sized> ReadableKeyId for Box<T> {
-    fn key_id(&self) -> Cow<'_, str> {
-        (**self).key_id()
-    }
-}
-impl<T: ReadableKeyId + ?Sized> ReadableKeyId for Arc<T> {
-    fn key_id(&self) -> Cow<'_, str> {
-        (**self).key_id()
-    }
-}
-macro_rules! readable_int {
-    ($($t:ty),*) => {$(
-        impl ReadableKeyId for $t {
-            fn key_id(&self) -> Cow<'_, str> {
-                Cow::Owned(self.to_string())
-            }
-        }
-    )*};
-}
-readable_int!(u8, u16, u32, u64, u128, usize, i8, i16, i32, i64, i128, isize);
-
 /// `s` as a key prints it (escaped, never shortened): for a key's parts printed apart, as
 /// the `idem.call` span's `scope` and `key` fields are.
 pub(crate) fn shown(s: &str) -> impl fmt::Display + '_ {
@@ -343,12 +277,5 @@ mod tests {
             "{shown}"
         );
         assert!(shown.contains("(1200 bytes)"), "{shown}");
-    }
-
-    #[test]
-    fn a_missing_id_names_the_scope() {
-        let err = Key::from_id_result("billing::charge", Ok(None)).unwrap_err();
-        assert!(matches!(&err, Error::MissingKey { scope } if scope == "billing::charge"));
-        assert!(err.to_string().contains("`billing::charge`"), "{err}");
     }
 }

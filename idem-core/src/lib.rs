@@ -29,14 +29,13 @@ pub mod private;
 pub use async_trait::async_trait;
 pub use bytes::Bytes;
 pub use codec::{BuiltinCodec, Codec, Json};
-pub use dedup::Delivery;
 pub use digest::digest_hex;
-pub use engine::outcome;
 pub use engine::{
-    Call, Idem, IdemBuilder, InProgress, MissingKey, Origin, Outcome, DEFAULT_LEASE,
-    DEFAULT_STEP_TIMEOUT, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT, MAX_DURATION,
+    Call, CallWithOutcome, Idem, IdemBuilder, InProgress, LeaseLoss, MissingKey, Origin, Outcome,
+    DEFAULT_LEASE, DEFAULT_RETRY_AFTER, DEFAULT_STEP_TIMEOUT, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
+    MAX_DURATION,
 };
 pub use error::{BoxError, DecodeError, Error, StoreError};
-pub use key::{Key, ReadableKeyId, MAX_ID_LEN, MAX_SCOPE_LEN};
+pub use key::{Key, MAX_ID_LEN, MAX_SCOPE_LEN};
 pub use store::{Capabilities, Claim, Fingerprint, Record, Store, Token};
 pub use wrapper::StoreWrapper;

@@ -1,140 +1,27 @@
 //! Items that `#[idempotent]` expands to. Not a public API: names and signatures change
 //! without notice.
 //!
-//! Two kinds of items live here. Probes pick, at compile time and without specialization,
-//! how a value becomes part of a key (autoref specialization: method resolution tries the
-//! receiver by value, then by reference, then dereferenced, and takes the first impl whose
-//! bounds hold). Assertions are empty functions whose bounds carry a
-//! `#[diagnostic::on_unimplemented]` message, so that a type that cannot be stored or
-//! digested is reported once, in words about idem, at the user's own token.
+//! Three kinds of items live here. [`key`] shows a key value's id by how the value
+//! serializes (readable or digested; see `key_id.rs`). Two probes ([`ArgProbe`],
+//! [`EqProbe`]) ask whether a type has a trait without requiring it: an inherent method
+//! where the bound holds, [`Otherwise`] where it does not. Bounds with messages are
+//! blanket traits carrying a `#[diagnostic::on_unimplemented]` message, so that a type that
+//! cannot be stored or digested is reported once, in words about idem, at the user's token.
 
-use std::borrow::Cow;
 use std::future::Future;
 use std::time::Duration;
 
 use serde::{de::DeserializeOwned, Serialize};
 
-pub use crate::engine::{RequestPrint, Share, ValueEq, ValueOps};
-pub use crate::{Call, Error, Fingerprint, Idem, InProgress, Key, MissingKey};
-
-use crate::codec::Codec;
-use crate::key::ReadableKeyId;
-use crate::outcome::Answer;
+pub use crate::engine::{Answers, RequestPrint, Share, ValueEq, ValueOps};
+pub use crate::{Call, Error, Fingerprint, Idem, InProgress, Key, LeaseLoss, MissingKey};
 
 // ---------------------------------------------------------------------------------------
-// Key ids.
+// Keys.
 
-/// Holds a reference to a key expression; method resolution on `(&&&&KeyIdProbe(&expr))`
-/// then picks, first match wins:
-/// 1. an `Option` of a string or integer ([`ViaOptionalReadable`]): its id, or no key;
-/// 2. an `Option` of any other `Serialize` value ([`ViaOptionalDigest`]): its digest, or no key;
-/// 3. a string or integer ([`ViaReadable`]): the readable id;
-/// 4. any other `Serialize` value ([`ViaDigest`]): a 128-bit digest;
-/// 5. anything else ([`ViaNothing`]), which only exists so that the one error about the key
-///    comes from [`assert_key`].
-///
-/// A key that is `None` is a missing key (`Ok(None)`), never the digest of `None`: requests
-/// without an id must not share one key.
-pub struct KeyIdProbe<'a, T: ?Sized>(pub &'a T);
+mod key_id;
 
-/// An `Option` used as a key, seen through any number of references.
-pub trait OptionalKey {
-    /// What the option holds.
-    type Inner: ?Sized;
-    /// The value, if there is one.
-    fn inner(&self) -> Option<&Self::Inner>;
-}
-
-impl<U> OptionalKey for Option<U> {
-    type Inner = U;
-    fn inner(&self) -> Option<&U> {
-        self.as_ref()
-    }
-}
-
-impl<O: OptionalKey + ?Sized> OptionalKey for &O {
-    type Inner = O::Inner;
-    fn inner(&self) -> Option<&O::Inner> {
-        (**self).inner()
-    }
-}
-
-/// Chosen first: an optional string or integer.
-pub trait ViaOptionalReadable {
-    /// The key id, none, or why the value could not be digested.
-    fn __idem_key_id(&self) -> Result<Option<Cow<'_, str>>, String>;
-}
-
-impl<O> ViaOptionalReadable for &&&KeyIdProbe<'_, O>
-where
-    O: OptionalKey + ?Sized,
-    O::Inner: ReadableKeyId,
-{
-    fn __idem_key_id(&self) -> Result<Option<Cow<'_, str>>, String> {
-        Ok(self.0.inner().map(|id| id.key_id()))
-    }
-}
-
-/// Chosen second: an optional value of another `Serialize` type.
-pub trait ViaOptionalDigest {
-    /// The key id, none, or why the value could not be digested.
-    fn __idem_key_id(&self) -> Result<Option<Cow<'_, str>>, String>;
-}
-
-impl<O> ViaOptionalDigest for &&&&KeyIdProbe<'_, O>
-where
-    O: OptionalKey + ?Sized,
-    O::Inner: Serialize,
-{
-    fn __idem_key_id(&self) -> Result<Option<Cow<'_, str>>, String> {
-        self.0
-            .inner()
-            .map(|v| crate::digest::try_digest_hex(v).map(Cow::Owned))
-            .transpose()
-    }
-}
-
-/// Chosen for strings and integers: they stay readable.
-pub trait ViaReadable {
-    /// The key id.
-    fn __idem_key_id(&self) -> Result<Option<Cow<'_, str>>, String>;
-}
-
-impl<T: ReadableKeyId + ?Sized> ViaReadable for &&KeyIdProbe<'_, T> {
-    fn __idem_key_id(&self) -> Result<Option<Cow<'_, str>>, String> {
-        Ok(Some(self.0.key_id()))
-    }
-}
-
-/// Chosen when the value is not a string, an integer or an `Option`: a 128-bit digest.
-pub trait ViaDigest {
-    /// The key id, or why the value could not be digested.
-    fn __idem_key_id(&self) -> Result<Option<Cow<'_, str>>, String>;
-}
-
-impl<T: Serialize + ?Sized> ViaDigest for &KeyIdProbe<'_, T> {
-    fn __idem_key_id(&self) -> Result<Option<Cow<'_, str>>, String> {
-        crate::digest::try_digest_hex(self.0).map(|id| Some(Cow::Owned(id)))
-    }
-}
-
-/// Chosen when the value is not `Serialize`. The expansion also calls [`assert_key`] on the
-/// same value, which fails to compile in that case, so this never runs.
-pub trait ViaNothing {
-    /// The key id.
-    fn __idem_key_id(&self) -> Result<Option<Cow<'_, str>>, String>;
-}
-
-impl<T: ?Sized> ViaNothing for KeyIdProbe<'_, T> {
-    fn __idem_key_id(&self) -> Result<Option<Cow<'_, str>>, String> {
-        Ok(None)
-    }
-}
-
-/// A key with a readable or digested id: what `key = <expr>` expands to.
-pub fn key(scope: &str, id: Result<Option<Cow<'_, str>>, String>) -> Result<Key, Error> {
-    Key::from_id_result(scope, id)
-}
+pub use key_id::key;
 
 /// A key whose id is the digest of the arguments: what a function without `key` uses.
 pub fn digest_key<T: Serialize + ?Sized>(scope: &str, args: &T) -> Result<Key, Error> {
@@ -144,23 +31,15 @@ pub fn digest_key<T: Serialize + ?Sized>(scope: &str, args: &T) -> Result<Key, E
 // ---------------------------------------------------------------------------------------
 // Arguments.
 
-/// Holds a reference to an argument; `(&ArgProbe(&arg)).__idem_arg()` is the argument
-/// itself when it is `Serialize` ([`ArgSerialize`]), and a placeholder otherwise
-/// ([`ArgPlaceholder`]), so that the tuple of arguments always compiles and the one error
-/// about the argument comes from [`assert_arg`].
+/// Holds a reference to an argument; `ArgProbe(&arg).__idem_probe()` is the argument
+/// itself when it is `Serialize`, and a placeholder otherwise ([`Otherwise`]), so that the
+/// tuple of arguments always compiles and the one error about the argument comes from
+/// [`assert_arg`] (with `&arg` in the tuple, rustc would report the tuple as well).
 pub struct ArgProbe<'a, T: ?Sized>(pub &'a T);
 
-/// Chosen when the argument is `Serialize`.
-pub trait ArgSerialize<'a> {
-    /// What is digested.
-    type Digested: ?Sized + Serialize;
+impl<'a, T: Serialize + ?Sized> ArgProbe<'a, T> {
     /// The argument.
-    fn __idem_arg(&self) -> &'a Self::Digested;
-}
-
-impl<'a, T: Serialize + ?Sized> ArgSerialize<'a> for ArgProbe<'a, T> {
-    type Digested = T;
-    fn __idem_arg(&self) -> &'a T {
+    pub fn __idem_probe(&self) -> &'a T {
         self.0
     }
 }
@@ -170,17 +49,23 @@ impl<'a, T: Serialize + ?Sized> ArgSerialize<'a> for ArgProbe<'a, T> {
 #[derive(Serialize)]
 pub struct NotSerialize;
 
-/// Chosen when the argument is not `Serialize`.
-pub trait ArgPlaceholder<'a> {
-    /// What is digested.
-    type Digested: ?Sized + Serialize;
-    /// The placeholder.
-    fn __idem_arg(&self) -> &'a Self::Digested;
+/// What a probe answers when the bound of its inherent `__idem_probe` does not hold.
+///
+/// The expansion calls `probe.__idem_probe()` with this trait in scope. Method resolution
+/// prefers an inherent method to a trait method of the same receiver, and leaves out an
+/// inherent method whose impl's bounds do not hold (no specialization needed; a generic
+/// type without the bound in scope takes this answer too). The two probes are
+/// [`ArgProbe`] (is the argument `Serialize`?) and [`EqProbe`] (is the result `PartialEq`?).
+pub trait Otherwise {
+    /// The answer.
+    type Answer;
+    /// The answer when the bound does not hold.
+    fn __idem_probe(&self) -> Self::Answer;
 }
 
-impl<'a, T: ?Sized> ArgPlaceholder<'a> for &ArgProbe<'a, T> {
-    type Digested = NotSerialize;
-    fn __idem_arg(&self) -> &'a NotSerialize {
+impl<'a, T: ?Sized> Otherwise for ArgProbe<'a, T> {
+    type Answer = &'a NotSerialize;
+    fn __idem_probe(&self) -> &'a NotSerialize {
         &NotSerialize
     }
 }
@@ -270,12 +155,6 @@ macro_rules! engine_through {
 }
 engine_through!(&T, &mut T, std::sync::Arc<T>, std::rc::Rc<T>, Box<T>);
 
-/// The backend of the first engine this process built on a store other than memory, if
-/// any: `#[idempotent]` fns on the implicit in-process engine are refused once there is one.
-pub fn shared_backend_in_use() -> Option<&'static str> {
-    crate::engine::SHARED_BACKEND.get().copied()
-}
-
 /// The engine of `store = <expr>`. Cloned (one `Arc` increment) so that the expression may
 /// borrow `self` while the body takes `self` by value.
 pub fn engine<E: EngineRef + ?Sized>(idem: &E) -> Idem {
@@ -329,9 +208,6 @@ impl<T, E> Fallible for Result<T, E> {
 pub trait KeyValue: Serialize {}
 impl<T: Serialize + ?Sized> KeyValue for T {}
 
-/// Fails to compile, at the key expression, unless the key can be a key.
-pub fn assert_key<T: KeyValue + ?Sized>(_: &T) {}
-
 /// An argument that is digested into the key and fingerprint.
 #[diagnostic::on_unimplemented(
     message = "argument of type `{Self}` is not `Serialize`, so it cannot be part of the idempotency key and fingerprint",
@@ -377,10 +253,15 @@ impl<E: Serialize + DeserializeOwned + From<Error>> CachedErrorType for E {}
 // the turbofish (`run::<Receipt, _, _, _>`), so a missing bound is reported at those
 // tokens, once, with the messages above.
 
-/// The `==` of a stored type, when it has one: `(&&EqProbe::<T>::NEW).__idem_eq()` picks
-/// [`ViaPartialEq`] when `T: PartialEq`, and [`ViaNoEq`] otherwise. The engine then also
-/// compares a result with its decoded copy by `==`, which sees what serde cannot (the
-/// variant of an untagged enum).
+/// The `==` of a stored type, when it has one: `EqProbe::<T>::NEW.__idem_probe()` is
+/// `Some(T::eq)` when `T: PartialEq`, and `None` otherwise ([`Otherwise`]).
+///
+/// Before a result is stored, the engine decodes the bytes it is about to store and compares
+/// the copy with the body's value, so that a value the codec cannot carry faithfully is an
+/// `Error::Encode` on the first call, not a different value on every replay. The canonical
+/// encodings are always compared; `==`, when the type has it, also sees what serde cannot
+/// (the variant an untagged enum decodes into). This stays a probe: requiring `PartialEq`
+/// would refuse result types that lack it, and stable Rust has no specialization.
 pub struct EqProbe<T: ?Sized>(std::marker::PhantomData<fn(&T)>);
 
 impl<T: ?Sized> EqProbe<T> {
@@ -388,26 +269,16 @@ impl<T: ?Sized> EqProbe<T> {
     pub const NEW: EqProbe<T> = EqProbe(std::marker::PhantomData);
 }
 
-/// Chosen when the type has `==`.
-pub trait ViaPartialEq<T> {
+impl<T: PartialEq> EqProbe<T> {
     /// `PartialEq::eq` of the type.
-    fn __idem_eq(&self) -> ValueEq<T>;
-}
-
-impl<T: PartialEq> ViaPartialEq<T> for &EqProbe<T> {
-    fn __idem_eq(&self) -> ValueEq<T> {
+    pub fn __idem_probe(&self) -> ValueEq<T> {
         Some(<T as PartialEq>::eq)
     }
 }
 
-/// Chosen when it has not.
-pub trait ViaNoEq<T> {
-    /// Nothing.
-    fn __idem_eq(&self) -> ValueEq<T>;
-}
-
-impl<T> ViaNoEq<T> for EqProbe<T> {
-    fn __idem_eq(&self) -> ValueEq<T> {
+impl<T> Otherwise for EqProbe<T> {
+    type Answer = ValueEq<T>;
+    fn __idem_probe(&self) -> ValueEq<T> {
         None
     }
 }
@@ -426,41 +297,39 @@ pub fn share<T: SharedResult>() -> Option<Share<T>> {
     Some(Share::of())
 }
 
-/// [`Call::run`] for a function that returns a value `T` (or `Outcome<T>`, with
-/// `R = WithOutcome`). A plain function that returns the engine's future, so that the call
-/// adds no layer of its own.
+/// [`Call::run`] for a function that returns a value `T` (or `Outcome<T>`, when `call` is
+/// a `CallWithOutcome`). A plain function that returns the engine's future, so that the
+/// call adds no layer of its own.
 pub fn run<'a, T, C, R, F, Fut>(
-    call: Call<'a, C, R>,
+    call: R,
     eq: ValueOps<T>,
     body: F,
 ) -> impl Future<Output = Result<R::Out<T>, Error>> + use<'a, T, C, R, F, Fut>
 where
     T: CachedValue,
-    C: Codec,
-    R: Answer,
+    R: Answers<Codec = C> + 'a,
     F: FnOnce() -> Fut,
     Fut: Future<Output = T>,
 {
-    call.run_eq(eq, body)
+    crate::engine::run::run(call, eq, body)
 }
 
 /// [`Call::run_fallible`] for a function that returns `Result<T, E>`. The conversion of
 /// idem's own errors into `E` is passed in (`error_from::<E>`, whose bound is checked at
 /// the user's error type), so that this future's type carries no bound on `E`.
 pub fn run_fallible<'a, T, E, C, R, F, Fut>(
-    call: Call<'a, C, R>,
+    call: R,
     eq: ValueOps<T>,
     from_idem: fn(Error) -> E,
     body: F,
 ) -> impl Future<Output = Result<R::Out<T>, E>> + use<'a, T, E, C, R, F, Fut>
 where
     T: CachedValue,
-    C: Codec,
-    R: Answer,
+    R: Answers<Codec = C> + 'a,
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    call.run_fallible_with(eq, from_idem, body)
+    crate::engine::run::run_fallible(call, eq, from_idem, body)
 }
 
 /// `E::from` for idem's errors, with the bound that names what is missing.
@@ -470,7 +339,7 @@ pub fn error_from<E: IdemErrorType>(e: Error) -> E {
 
 /// [`Call::run_caching_errors`] for a function with `cache_errors`.
 pub fn run_caching_errors<'a, T, E, C, R, P, F, Fut>(
-    call: Call<'a, C, R>,
+    call: R,
     eq: (ValueOps<T>, ValueEq<E>),
     cache_if: P,
     body: F,
@@ -478,68 +347,33 @@ pub fn run_caching_errors<'a, T, E, C, R, P, F, Fut>(
 where
     T: CachedValue,
     E: CachedErrorType,
-    C: Codec,
-    R: Answer,
+    R: Answers<Codec = C> + 'a,
     P: Fn(&E) -> bool,
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    call.run_caching_errors_eq(cache_if, eq, body)
+    crate::engine::run::run_caching_errors(call, eq, cache_if, body)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    // The borrows are the point: they select the impl, as in the expansion.
-    #[allow(clippy::needless_borrow)]
-    #[test]
-    fn probes_keep_strings_and_integers_readable_and_none_missing() {
-        let id = |r: Result<Option<Cow<str>>, String>| r.unwrap().map(Cow::into_owned);
-        let some = |s: &str| Some(s.to_string());
-        assert_eq!(
-            id((&&&&KeyIdProbe(&"order-42")).__idem_key_id()),
-            some("order-42")
-        );
-        assert_eq!(
-            id((&&&&KeyIdProbe(&String::from("a b"))).__idem_key_id()),
-            some("a b")
-        );
-        assert_eq!(id((&&&&KeyIdProbe(&42u64)).__idem_key_id()), some("42"));
-        assert_eq!(id((&&&&KeyIdProbe(&-7i32)).__idem_key_id()), some("-7"));
-        let digest = id((&&&&KeyIdProbe(&("order", 42))).__idem_key_id()).unwrap();
-        assert_eq!(digest, crate::digest_hex(&("order", 42)));
-        assert_eq!(digest.len(), 32);
-        // Options: the value inside, readable or digested; `None` is no key at all.
-        let present: Option<String> = Some("o-1".into());
-        assert_eq!(id((&&&&KeyIdProbe(&present)).__idem_key_id()), some("o-1"));
-        assert_eq!(id((&&&&KeyIdProbe(&&present)).__idem_key_id()), some("o-1"));
-        assert_eq!(
-            id((&&&&KeyIdProbe(&present.as_deref())).__idem_key_id()),
-            some("o-1")
-        );
-        assert_eq!(id((&&&&KeyIdProbe(&Some(7u32))).__idem_key_id()), some("7"));
-        assert_eq!(
-            id((&&&&KeyIdProbe(&Some(("order", 42)))).__idem_key_id()),
-            Some(digest)
-        );
-        assert_eq!(id((&&&&KeyIdProbe(&None::<String>)).__idem_key_id()), None);
-        assert_eq!(id((&&&&KeyIdProbe(&&None::<u64>)).__idem_key_id()), None);
-        assert_eq!(
-            id((&&&&KeyIdProbe(&None::<(u8, u8)>)).__idem_key_id()),
-            None
-        );
-    }
-
-    // The borrow is the point: it selects the impl, as in the expansion.
-    #[allow(clippy::needless_borrow)]
     #[test]
     fn arg_probe_passes_serialize_values_through() {
         let v = vec![1u8, 2];
-        let got: &Vec<u8> = (&ArgProbe(&v)).__idem_arg();
+        let got: &Vec<u8> = ArgProbe(&v).__idem_probe();
         assert_eq!(got, &v);
         struct Opaque;
-        let placeholder = (&ArgProbe(&Opaque)).__idem_arg();
+        let placeholder = ArgProbe(&Opaque).__idem_probe();
         assert_eq!(Fingerprint::of(placeholder), Fingerprint::of(&NotSerialize));
+    }
+
+    #[test]
+    fn eq_probe_finds_partial_eq_where_there_is_one() {
+        let eq = EqProbe::<u32>::NEW.__idem_probe().expect("u32: PartialEq");
+        assert!(eq(&1, &1) && !eq(&1, &2));
+        struct Opaque;
+        assert!(EqProbe::<Opaque>::NEW.__idem_probe().is_none());
     }
 }

@@ -23,9 +23,21 @@ use crate::key::Key;
 /// Because the caller chooses it, a step resent with the same token (after a lost reply, or
 /// by a client that retries on its own) is recognised as the same step, not a new one.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Token(pub u64);
+pub struct Token(pub(crate) u64);
 
 impl Token {
+    /// The token a store kept as the number `n` (what [`get`](Token::get) gave it). For
+    /// stores reading a token back and for tests; a caller's own token comes from
+    /// [`Token::random`].
+    pub const fn from_u64(n: u64) -> Token {
+        Token(n)
+    }
+
+    /// The token as a number, for a store to keep.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
     /// A token no other call of this process has had, and that another process repeats
     /// with odds of 2^-64: a SplitMix64 sequence (a bijection of a counter, so no repeat
     /// within 2^64 calls) from a per-process random start. Each thread takes the counter in
@@ -91,7 +103,7 @@ impl fmt::Display for Token {
 /// refused ([`Error::KeyReuse`](crate::Error::KeyReuse)). [`Fingerprint::NONE`] turns the
 /// check off: it matches every fingerprint.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Fingerprint(pub [u8; 16]);
+pub struct Fingerprint(pub(crate) [u8; 16]);
 
 impl Fingerprint {
     /// No fingerprint: matches any other.
@@ -127,6 +139,12 @@ impl Fingerprint {
         &self.0
     }
 
+    /// The fingerprint a store kept as `bytes` (what [`as_bytes`](Fingerprint::as_bytes)
+    /// gave it; sixteen zeros are [`Fingerprint::NONE`]).
+    pub const fn from_bytes(bytes: [u8; 16]) -> Fingerprint {
+        Fingerprint(bytes)
+    }
+
     /// Builds a fingerprint from 16 bytes read back from a store.
     pub fn from_slice(bytes: &[u8]) -> Option<Fingerprint> {
         <[u8; 16]>::try_from(bytes).ok().map(Fingerprint)
@@ -158,7 +176,9 @@ pub enum Claim {
     InProgress {
         /// The fingerprint of the request holding the key.
         fingerprint: Fingerprint,
-        /// How long that claim's lease still runs.
+        /// How long that claim's lease still runs. (The engine's
+        /// [`Error::InProgress`](crate::Error::InProgress) gives a shorter hint, bounded
+        /// by this one.)
         retry_after: Duration,
     },
     /// The key has a stored result.

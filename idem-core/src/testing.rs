@@ -1,16 +1,19 @@
 //! The conformance suite: every store backend passes it (feature `testing`).
 //!
-//! Each behaviour of the store contract is one `pub async fn` that takes the store as an
-//! `Arc<dyn Store>` and panics when the store breaks the contract. [`conformance_tests!`](crate::conformance_tests)
-//! stamps one named `#[tokio::test]` per behaviour for a backend, so that its tests read
-//! `memory::lease_takeover`, `redis::fencing_stale_token_cannot_complete`, and so on.
+//! Each behaviour of the store contract is one async function of this module that takes
+//! the store as an `Arc<dyn Store>` and panics when the store breaks the contract; its
+//! name is in [`BEHAVIOURS`] and its doc comment in this file's source says what it
+//! checks. [`conformance_tests!`](crate::conformance_tests) stamps one named
+//! `#[tokio::test]` per behaviour for a backend, so that its tests read
+//! `memory::lease_takeover_after_lease_ends`, `redis::fencing_stale_token_cannot_complete`,
+//! and so on. The functions are hidden from the API: a store runs them through the macro.
 //!
 //! To run it against your own store, depend on `idem` with the `testing` feature and on
 //! `tokio` with the features the stamped tests use, in your dev-dependencies:
 //!
 //! ```toml
 //! [dev-dependencies]
-//! idem = { version = "0.1", features = ["testing"] }
+//! idem = { package = "idemkit", version = "0.1", features = ["testing"] }
 //! tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
 //! ```
 //!
@@ -134,6 +137,7 @@ fn assert_fenced(res: Result<(), StoreError>, what: &str) {
 }
 
 /// A fresh key is acquired, not recovered.
+#[doc(hidden)]
 pub async fn claim_fresh_key_is_acquired(store: Arc<dyn Store>) {
     let k = key(&unique_scope("fresh"), "k");
     let mine = Token::random();
@@ -147,6 +151,7 @@ pub async fn claim_fresh_key_is_acquired(store: Arc<dyn Store>) {
 }
 
 /// A held key answers InProgress with a retry-after within the lease.
+#[doc(hidden)]
 pub async fn claim_held_key_is_in_progress(store: Arc<dyn Store>) {
     let k = key(&unique_scope("held"), "k");
     acquire(&*store, &k, &fp(1), LONG).await;
@@ -166,6 +171,7 @@ pub async fn claim_held_key_is_in_progress(store: Arc<dyn Store>) {
 }
 
 /// After complete, a claim answers Completed with the exact payload.
+#[doc(hidden)]
 pub async fn complete_then_claim_replays_payload(store: Arc<dyn Store>) {
     let k = key(&unique_scope("replay"), "k");
     let t = acquire(&*store, &k, &fp(1), LONG).await;
@@ -182,6 +188,7 @@ pub async fn complete_then_claim_replays_payload(store: Arc<dyn Store>) {
 }
 
 /// Release deletes the claim: the next claim acquires, with its own token.
+#[doc(hidden)]
 pub async fn release_lets_next_claim_acquire(store: Arc<dyn Store>) {
     let k = key(&unique_scope("release"), "k");
     let t1 = acquire(&*store, &k, &fp(1), LONG).await;
@@ -195,12 +202,14 @@ pub async fn release_lets_next_claim_acquire(store: Arc<dyn Store>) {
 }
 
 /// `get` of a key never used is None.
+#[doc(hidden)]
 pub async fn get_missing_is_none(store: Arc<dyn Store>) {
     let k = key(&unique_scope("get-missing"), "nothing-here");
     assert!(store.get(&k).await.unwrap().is_none());
 }
 
 /// `get` sees the in-progress record with its token, then the completed one.
+#[doc(hidden)]
 pub async fn get_sees_in_progress_then_completed(store: Arc<dyn Store>) {
     let k = key(&unique_scope("get"), "k");
     let t = acquire(&*store, &k, &fp(3), LONG).await;
@@ -233,6 +242,7 @@ pub async fn get_sees_in_progress_then_completed(store: Arc<dyn Store>) {
 }
 
 /// `delete` removes a completed record: the next claim acquires.
+#[doc(hidden)]
 pub async fn delete_removes_record(store: Arc<dyn Store>) {
     let k = key(&unique_scope("delete"), "k");
     let t = acquire(&*store, &k, &fp(1), LONG).await;
@@ -249,12 +259,14 @@ pub async fn delete_removes_record(store: Arc<dyn Store>) {
 }
 
 /// `delete` of a key never used answers false.
+#[doc(hidden)]
 pub async fn delete_missing_is_false(store: Arc<dyn Store>) {
     let k = key(&unique_scope("delete-missing"), "k");
     assert!(!store.delete(&k).await.unwrap());
 }
 
 /// A completed record is gone once its ttl ends: the next claim acquires afresh.
+#[doc(hidden)]
 pub async fn completed_record_expires_after_ttl(store: Arc<dyn Store>) {
     let k = key(&unique_scope("expiry"), "k");
     let t = acquire(&*store, &k, &fp(1), LONG).await;
@@ -280,6 +292,7 @@ pub async fn completed_record_expires_after_ttl(store: Arc<dyn Store>) {
 }
 
 /// A record completed under a short lease lives for its ttl, not its lease.
+#[doc(hidden)]
 pub async fn completed_record_outlives_its_lease(store: Arc<dyn Store>) {
     let k = key(&unique_scope("outlives-lease"), "k");
     let t = acquire(&*store, &k, &fp(1), SHORT).await;
@@ -296,6 +309,7 @@ pub async fn completed_record_outlives_its_lease(store: Arc<dyn Store>) {
 
 /// Once a lease ends, another claim takes the key over with its own token, and says it
 /// recovered the key exactly when the store claims [`Capabilities::reports_recovery`].
+#[doc(hidden)]
 pub async fn lease_takeover_after_lease_ends(store: Arc<dyn Store>) {
     let k = key(&unique_scope("takeover"), "k");
     let t1 = acquire(&*store, &k, &fp(1), SHORT).await;
@@ -320,6 +334,7 @@ pub async fn lease_takeover_after_lease_ends(store: Arc<dyn Store>) {
 }
 
 /// A holder that extends its lease keeps the key past the original lease.
+#[doc(hidden)]
 pub async fn extend_keeps_lease_alive(store: Arc<dyn Store>) {
     let k = key(&unique_scope("extend"), "k");
     let t = acquire(&*store, &k, &fp(1), SHORT).await;
@@ -349,6 +364,7 @@ async fn stale_and_current(store: &dyn Store, k: &Key) -> (Token, Token) {
 }
 
 /// A holder whose lease was taken over cannot store its result; the successor can.
+#[doc(hidden)]
 pub async fn fencing_stale_token_cannot_complete(store: Arc<dyn Store>) {
     let k = key(&unique_scope("fence-complete"), "k");
     let (stale, current) = stale_and_current(&*store, &k).await;
@@ -372,6 +388,7 @@ pub async fn fencing_stale_token_cannot_complete(store: Arc<dyn Store>) {
 }
 
 /// A stale token cannot extend the successor's lease.
+#[doc(hidden)]
 pub async fn fencing_stale_token_cannot_extend(store: Arc<dyn Store>) {
     let k = key(&unique_scope("fence-extend"), "k");
     let (stale, current) = stale_and_current(&*store, &k).await;
@@ -383,6 +400,7 @@ pub async fn fencing_stale_token_cannot_extend(store: Arc<dyn Store>) {
 }
 
 /// A stale token cannot release the successor's claim.
+#[doc(hidden)]
 pub async fn fencing_stale_token_cannot_release(store: Arc<dyn Store>) {
     let k = key(&unique_scope("fence-release"), "k");
     let (stale, current) = stale_and_current(&*store, &k).await;
@@ -394,6 +412,7 @@ pub async fn fencing_stale_token_cannot_release(store: Arc<dyn Store>) {
 
 /// complete and extend of a key never claimed are refused; a release of it has nothing to
 /// delete (as for a repeated release) and writes nothing either.
+#[doc(hidden)]
 pub async fn fencing_unknown_token_is_refused(store: Arc<dyn Store>) {
     let k = key(&unique_scope("fence-unknown"), "k");
     let t = Token(0x5eed);
@@ -424,6 +443,7 @@ pub async fn fencing_unknown_token_is_refused(store: Arc<dyn Store>) {
 /// A claim resent with the token it was made with (its reply was lost) is the same claim:
 /// `Acquired` again, not a recovery, and the record is left as the first claim (and the
 /// extend after it) wrote it, lease included.
+#[doc(hidden)]
 pub async fn claim_repeated_with_same_token_is_acquired_again(store: Arc<dyn Store>) {
     let k = key(&unique_scope("claim-repeated"), "k");
     let t = acquire(&*store, &k, &fp(4), LONG / 3).await;
@@ -468,6 +488,7 @@ pub async fn claim_repeated_with_same_token_is_acquired_again(store: Arc<dyn Sto
 
 /// A claim with another token while the key is held is another caller: `InProgress`, and
 /// the holder keeps the key (its token, its fingerprint).
+#[doc(hidden)]
 pub async fn claim_with_another_token_while_held_is_in_progress(store: Arc<dyn Store>) {
     let k = key(&unique_scope("claim-other-token"), "k");
     let t = acquire(&*store, &k, &fp(5), LONG).await;
@@ -496,6 +517,7 @@ pub async fn claim_with_another_token_while_held_is_in_progress(store: Arc<dyn S
 
 /// A complete resent after it succeeded answers `Ok` and changes nothing: the first
 /// payload and its expiry stand, whatever the resend carries. Another token is still fenced.
+#[doc(hidden)]
 pub async fn complete_repeated_with_same_token_keeps_the_first_result(store: Arc<dyn Store>) {
     let k = key(&unique_scope("complete-repeated"), "k");
     let t = acquire(&*store, &k, &fp(1), LONG).await;
@@ -537,6 +559,7 @@ pub async fn complete_repeated_with_same_token_keeps_the_first_result(store: Arc
 
 /// An extend resent with the holder's token is answered `Ok` each time and sets the lease
 /// from now: repeats do not add up.
+#[doc(hidden)]
 pub async fn extend_repeated_with_same_token_is_ok(store: Arc<dyn Store>) {
     let k = key(&unique_scope("extend-repeated"), "k");
     let t = acquire(&*store, &k, &fp(1), SHORT * 4).await;
@@ -568,6 +591,7 @@ pub async fn extend_repeated_with_same_token_is_ok(store: Arc<dyn Store>) {
 
 /// A release resent after it deleted the claim finds no record and answers `Ok`; once
 /// another caller holds the key, the same release is fenced and leaves that claim alone.
+#[doc(hidden)]
 pub async fn release_repeated_with_same_token_is_ok(store: Arc<dyn Store>) {
     let k = key(&unique_scope("release-repeated"), "k");
     let t = acquire(&*store, &k, &fp(1), LONG).await;
@@ -591,6 +615,7 @@ pub async fn release_repeated_with_same_token_is_ok(store: Arc<dyn Store>) {
 /// then finds nothing (as a release repeated after a delete does), and the key is fresh.
 /// Found by the model-based test: a SQL store once kept the ended row, and answered that
 /// release with `Fenced`.
+#[doc(hidden)]
 pub async fn delete_of_an_ended_claim_leaves_nothing(store: Arc<dyn Store>) {
     let k = key(&unique_scope("delete-ended"), "k");
     let t = acquire(&*store, &k, &fp(1), SHORT).await;
@@ -620,6 +645,7 @@ pub async fn delete_of_an_ended_claim_leaves_nothing(store: Arc<dyn Store>) {
 }
 
 /// A stored result cannot be released by its former holder.
+#[doc(hidden)]
 pub async fn release_after_complete_is_fenced(store: Arc<dyn Store>) {
     let k = key(&unique_scope("release-completed"), "k");
     let t = acquire(&*store, &k, &fp(1), LONG).await;
@@ -635,6 +661,7 @@ pub async fn release_after_complete_is_fenced(store: Arc<dyn Store>) {
 }
 
 /// 100 tasks claim one key at once: exactly one acquires, the others see it in progress.
+#[doc(hidden)]
 pub async fn concurrent_claims_have_one_winner(store: Arc<dyn Store>) {
     let k = key(&unique_scope("race"), "k");
     let barrier = Arc::new(tokio::sync::Barrier::new(100));
@@ -659,6 +686,7 @@ pub async fn concurrent_claims_have_one_winner(store: Arc<dyn Store>) {
 }
 
 /// An empty payload is stored and replayed as empty, not as missing.
+#[doc(hidden)]
 pub async fn empty_payload_round_trips(store: Arc<dyn Store>) {
     let k = key(&unique_scope("empty"), "k");
     let t = acquire(&*store, &k, &fp(1), LONG).await;
@@ -667,6 +695,7 @@ pub async fn empty_payload_round_trips(store: Arc<dyn Store>) {
 }
 
 /// A 1 MiB payload round-trips byte for byte.
+#[doc(hidden)]
 pub async fn large_payload_round_trips(store: Arc<dyn Store>) {
     let k = key(&unique_scope("large"), "k");
     let payload: Bytes = (0..(1usize << 20))
@@ -681,6 +710,7 @@ pub async fn large_payload_round_trips(store: Arc<dyn Store>) {
 }
 
 /// Every byte value, NUL and invalid UTF-8 included, round-trips.
+#[doc(hidden)]
 pub async fn binary_payload_round_trips(store: Arc<dyn Store>) {
     let k = key(&unique_scope("binary"), "k");
     let mut payload: Vec<u8> = (0..=255u8).collect();
@@ -713,6 +743,7 @@ async fn distinct_ids(store: &dyn Store, scope: &str, ids: &[String]) {
 }
 
 /// Unicode keys that differ only in normalisation or case stay distinct.
+#[doc(hidden)]
 pub async fn unicode_keys_are_distinct(store: Arc<dyn Store>) {
     let ids: Vec<String> = [
         "café",
@@ -730,6 +761,7 @@ pub async fn unicode_keys_are_distinct(store: Arc<dyn Store>) {
 }
 
 /// 1 KiB keys that differ only in their last byte stay distinct.
+#[doc(hidden)]
 pub async fn long_keys_are_distinct(store: Arc<dyn Store>) {
     let base = "x".repeat(crate::MAX_ID_LEN - 1);
     let ids: Vec<String> = ["a", "b", "c"]
@@ -741,6 +773,7 @@ pub async fn long_keys_are_distinct(store: Arc<dyn Store>) {
 
 /// Keys with spaces, glob and hash-tag characters, separators and newlines stay distinct
 /// and reach no other key.
+#[doc(hidden)]
 pub async fn special_character_keys_are_distinct(store: Arc<dyn Store>) {
     let ids: Vec<String> = [
         "a b",
@@ -768,6 +801,7 @@ pub async fn special_character_keys_are_distinct(store: Arc<dyn Store>) {
 /// Ids holding NUL, every other C0 control character and DEL are keys like any other: each
 /// is stored and stays apart from the rest, `"a\0b"` from `"a%00b"` and `"a"` included (a
 /// store that escapes such bytes must not map two ids onto one record).
+#[doc(hidden)]
 pub async fn control_character_keys_are_distinct(store: Arc<dyn Store>) {
     let mut ids: Vec<String> = [
         "a\0b", "a%00b", "a", "a%", "a%25", "a%2500b", "\0", "\0\0", "%00", "%2500", "%",
@@ -784,6 +818,7 @@ pub async fn control_character_keys_are_distinct(store: Arc<dyn Store>) {
 }
 
 /// Equal ids in two scopes are two keys.
+#[doc(hidden)]
 pub async fn scopes_keep_equal_ids_apart(store: Arc<dyn Store>) {
     let (a, b) = (unique_scope("scope-a"), unique_scope("scope-b"));
     let ka = key(&a, "same-id");
@@ -797,6 +832,7 @@ pub async fn scopes_keep_equal_ids_apart(store: Arc<dyn Store>) {
 }
 
 /// The claim's fingerprint is kept and reported by InProgress, Completed and get.
+#[doc(hidden)]
 pub async fn fingerprint_is_kept(store: Arc<dyn Store>) {
     let k = key(&unique_scope("fingerprint"), "k");
     let t = acquire(&*store, &k, &fp(7), LONG).await;
@@ -826,6 +862,7 @@ pub async fn fingerprint_is_kept(store: Arc<dyn Store>) {
 
 /// `wait` returns within its bound. A store that claims `wakes_waiters` returns soon after
 /// a completion; one that does not may sleep its whole bound, and callers poll.
+#[doc(hidden)]
 pub async fn wait_capability_is_honest(store: Arc<dyn Store>) {
     let k = key(&unique_scope("wait"), "k");
     let t = acquire(&*store, &k, &fp(1), LONG).await;
@@ -873,6 +910,7 @@ pub async fn wait_capability_is_honest(store: Arc<dyn Store>) {
 }
 
 /// Through the engine: the body runs once, every caller gets its value.
+#[doc(hidden)]
 pub async fn engine_runs_once_and_replays(store: Arc<dyn Store>) {
     let idem = Idem::builder().shared_store(store).build().unwrap();
     let k = key(&unique_scope("engine"), "k");
@@ -898,6 +936,7 @@ pub async fn engine_runs_once_and_replays(store: Arc<dyn Store>) {
 
 /// Through the engine: a stored result that is not an idem record (a foreign writer, a
 /// damaged row) is `Error::Decode` naming the key, never a value and never a second run.
+#[doc(hidden)]
 pub async fn engine_undecodable_result_is_a_decode_error_naming_the_key(store: Arc<dyn Store>) {
     let k = key(&unique_scope("junk"), "k");
     let t = acquire(&*store, &k, &fp(1), LONG).await;
@@ -924,6 +963,7 @@ pub async fn engine_undecodable_result_is_a_decode_error_naming_the_key(store: A
 }
 
 /// Through the engine: 20 concurrent duplicates in wait mode, one execution, one value.
+#[doc(hidden)]
 pub async fn engine_concurrent_duplicates_wait_for_one_run(store: Arc<dyn Store>) {
     let idem = Idem::builder()
         .shared_store(store)
@@ -963,58 +1003,120 @@ pub async fn engine_concurrent_duplicates_wait_for_one_run(store: Arc<dyn Store>
     );
 }
 
-/// Consumer dedup: the first mark of a key is [`Delivery::First`](crate::Delivery::First),
-/// every later one [`Delivery::Duplicate`](crate::Delivery::Duplicate); a handler run
+/// Consumer dedup: the first mark of a key is [`Origin::Ran`](crate::Origin::Ran),
+/// every later one [`Origin::Store`](crate::Origin::Store); a handler run
 /// through `consume` runs once, and its key then reads as processed to `mark_processed`.
+#[doc(hidden)]
 pub async fn dedup_marks_once_and_tells_duplicates(store: Arc<dyn Store>) {
-    use crate::Delivery;
+    use crate::Origin;
     let idem = Idem::builder().shared_store(store).build().unwrap();
     let scope = unique_scope("dedup");
     let k = key(&scope, "orders:3:1042");
     assert!(!idem.is_processed(&k).await.unwrap());
     assert_eq!(
-        idem.mark_processed(k.clone()).await.unwrap(),
-        Delivery::First
+        idem.mark_processed(k.clone(), Fingerprint::NONE)
+            .await
+            .unwrap(),
+        Origin::Ran
     );
     for _ in 0..3 {
         assert_eq!(
-            idem.mark_processed(k.clone()).await.unwrap(),
-            Delivery::Duplicate
+            idem.mark_processed(k.clone(), Fingerprint::NONE)
+                .await
+                .unwrap(),
+            Origin::Store
         );
     }
     assert!(idem.is_processed(&k).await.unwrap());
     // Another key of the same scope is its own message.
     let other = key(&scope, "orders:3:1043");
-    assert_eq!(idem.mark_processed(other).await.unwrap(), Delivery::First);
+    assert_eq!(
+        idem.mark_processed(other, Fingerprint::NONE).await.unwrap(),
+        Origin::Ran
+    );
 
     let runs = AtomicU64::new(0);
     let handled = key(&scope, "order-confirmation:o-7:1");
     let mut deliveries = Vec::new();
     for _ in 0..3 {
         let outcome = idem
-            .consume(handled.clone())
+            .consume(handled.clone(), Fingerprint::NONE)
             .run(|| async {
                 runs.fetch_add(1, Ordering::SeqCst);
             })
             .await
             .unwrap();
-        deliveries.push(Delivery::of(outcome.origin()));
+        deliveries.push(outcome.origin());
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(deliveries, [Origin::Ran, Origin::Store, Origin::Store]);
     assert_eq!(
-        deliveries,
-        [Delivery::First, Delivery::Duplicate, Delivery::Duplicate]
+        idem.mark_processed(handled, Fingerprint::NONE)
+            .await
+            .unwrap(),
+        Origin::Store
+    );
+}
+
+/// Consumer dedup with the message's fingerprint: a redelivery of the same payload is a
+/// duplicate; the same id with another payload is [`Error::KeyReuse`] through
+/// `mark_processed` and `consume` alike, and its handler does not run; a record marked
+/// without a fingerprint matches any payload.
+#[doc(hidden)]
+pub async fn dedup_refuses_a_reused_id_with_another_payload(store: Arc<dyn Store>) {
+    use crate::Origin;
+    let idem = Idem::builder().shared_store(store).build().unwrap();
+    let scope = unique_scope("dedup-reuse");
+    let (a, b) = (Fingerprint::of("payload a"), Fingerprint::of("payload b"));
+
+    let marked = key(&scope, "evt-1");
+    assert_eq!(
+        idem.mark_processed(marked.clone(), a).await.unwrap(),
+        Origin::Ran
     );
     assert_eq!(
-        idem.mark_processed(handled).await.unwrap(),
-        Delivery::Duplicate
+        idem.mark_processed(marked.clone(), a).await.unwrap(),
+        Origin::Store
+    );
+    assert!(matches!(
+        idem.mark_processed(marked.clone(), b).await,
+        Err(Error::KeyReuse { .. })
+    ));
+
+    let runs = AtomicU64::new(0);
+    let handled = key(&scope, "evt-2");
+    let run = || async {
+        runs.fetch_add(1, Ordering::SeqCst);
+    };
+    let first = idem.consume(handled.clone(), a).run(run).await.unwrap();
+    assert_eq!(first.origin(), Origin::Ran);
+    let again = idem.consume(handled.clone(), a).run(run).await.unwrap();
+    assert_eq!(again.origin(), Origin::Store);
+    let reused = idem.consume(handled.clone(), b).run(run).await;
+    assert!(matches!(reused, Err(Error::KeyReuse { .. })), "{reused:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the reused id did not run");
+    // Each path sees the other's fingerprint.
+    assert!(matches!(
+        idem.mark_processed(handled, b).await,
+        Err(Error::KeyReuse { .. })
+    ));
+
+    // Marked without a fingerprint: any payload is a duplicate of it.
+    let trusted = key(&scope, "evt-3");
+    idem.mark_processed(trusted.clone(), Fingerprint::NONE)
+        .await
+        .unwrap();
+    assert_eq!(
+        idem.mark_processed(trusted, b).await.unwrap(),
+        Origin::Store
     );
 }
 
 /// Consumer dedup under real concurrency: 20 deliveries of one key marked at once, exactly
 /// one is the first.
+#[doc(hidden)]
 pub async fn dedup_concurrent_deliveries_have_one_first(store: Arc<dyn Store>) {
-    use crate::Delivery;
+    use crate::Origin;
     let idem = Idem::builder().shared_store(store).build().unwrap();
     let k = key(&unique_scope("dedup-concurrent"), "msg-1");
     let mut tasks = Vec::new();
@@ -1025,7 +1127,7 @@ pub async fn dedup_concurrent_deliveries_have_one_first(store: Arc<dyn Store>) {
             // A duplicate that finds the first still running retries, as a consumer
             // requeueing it would.
             loop {
-                match idem.mark_processed(k.clone()).await {
+                match idem.mark_processed(k.clone(), Fingerprint::NONE).await {
                     Err(Error::InProgress { .. }) => tokio::task::yield_now().await,
                     other => return other.unwrap(),
                 }
@@ -1034,7 +1136,7 @@ pub async fn dedup_concurrent_deliveries_have_one_first(store: Arc<dyn Store>) {
     }
     let mut firsts = 0;
     for t in tasks {
-        if t.await.unwrap() == Delivery::First {
+        if t.await.unwrap() == Origin::Ran {
             firsts += 1;
         }
     }
@@ -1123,6 +1225,7 @@ macro_rules! __conformance_behaviours {
             engine_concurrent_duplicates_wait_for_one_run,
             dedup_marks_once_and_tells_duplicates,
             dedup_concurrent_deliveries_have_one_first,
+            dedup_refuses_a_reused_id_with_another_payload,
         ]}
     };
 }

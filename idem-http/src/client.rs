@@ -1,17 +1,18 @@
 //! The client half, on `reqwest`: one idempotency key per logical request, sent on every
 //! attempt, and retries of what a retry can fix.
 
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
 use http::header::{HeaderValue, RETRY_AFTER};
 use http::StatusCode;
 use reqwest::{Client, IntoUrl, Method, Request, RequestBuilder, Response};
 use serde::Serialize;
 
-use crate::config::IDEMPOTENCY_KEY;
+use crate::config::{IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_EXPIRES, IDEMPOTENT_RETRYABLE};
+use crate::key::IdempotencyKey;
 
-/// How [`IdempotentClient`] retries: bounded attempts, capped exponential backoff with
-/// jitter, and the server's `Retry-After` honoured (up to a cap).
+/// How [`IdempotentClient`] retries: bounded attempts within a total deadline, capped
+/// exponential backoff with jitter, and the server's `Retry-After` honoured (up to a cap).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Attempts in all, the first one included (default 5). At least 1.
@@ -22,6 +23,14 @@ pub struct RetryPolicy {
     pub max_backoff: Duration,
     /// The longest wait a server's `Retry-After` can ask for (default 30 s).
     pub max_retry_after: Duration,
+    /// The longest a logical request takes, every attempt and pause included (default
+    /// 60 s): an attempt is cut at it, and no retry starts past it.
+    pub deadline: Duration,
+    /// The longest one attempt takes, reading its response body included, as reqwest's
+    /// request timeout does (default 30 s; `None`: only the deadline, and a timeout set on
+    /// the request, bound it). A long download or an event stream needs `None` here and a
+    /// `deadline` long enough.
+    pub attempt_timeout: Option<Duration>,
 }
 
 impl Default for RetryPolicy {
@@ -31,6 +40,8 @@ impl Default for RetryPolicy {
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
             max_retry_after: Duration::from_secs(30),
+            deadline: Duration::from_secs(60),
+            attempt_timeout: Some(Duration::from_secs(30)),
         }
     }
 }
@@ -51,12 +62,71 @@ impl RetryPolicy {
     }
 }
 
+/// Why an [`IdempotentClient`] request failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The key given to [`IdempotentRequest::key`] (or in the request's
+    /// `Idempotency-Key` header) is not one a server accepts.
+    InvalidKey {
+        /// The key.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The request failed: the last attempt's error (a connection refused, a timeout, a
+    /// request that could not be built).
+    Request(reqwest::Error),
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClientError::InvalidKey { key, reason } => {
+                write!(f, "the idempotency key {key:?} {reason}")
+            }
+            ClientError::Request(err) => write!(f, "the idempotent request failed: {err}"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ClientError::InvalidKey { .. } => None,
+            ClientError::Request(err) => Some(err),
+        }
+    }
+}
+
+impl From<reqwest::Error> for ClientError {
+    fn from(err: reqwest::Error) -> Self {
+        ClientError::Request(err)
+    }
+}
+
+impl ClientError {
+    /// The underlying `reqwest` error, if that is what failed.
+    pub fn as_reqwest(&self) -> Option<&reqwest::Error> {
+        match self {
+            ClientError::Request(err) => Some(err),
+            ClientError::InvalidKey { .. } => None,
+        }
+    }
+}
+
 /// A `reqwest::Client` that sends each logical request with one `Idempotency-Key` (a UUID
-/// v4, unless the request has one) and retries timeouts, connection errors, 409, 429 and
-/// 5xx with that same key, so the server runs it once.
+/// v4, unless the request has one) and retries, with that same key, what a retry can fix
+/// without a second run: a connection that failed or timed out before a response, 429, a
+/// 409 with `Retry-After` (the first attempt still runs), and any response the server
+/// marked `Idempotent-Retryable: true`. Not a plain 5xx: the server stored it as the
+/// operation's outcome, and a retry would only replay it.
+///
+/// It stops at the [`RetryPolicy`]'s attempts or deadline, and before a retry that would
+/// come after the key's `Idempotency-Key-Expires` (the server would then run it anew).
 ///
 /// ```no_run
-/// # async fn f() -> Result<(), reqwest::Error> {
+/// # async fn f() -> Result<(), idem_http::ClientError> {
 /// use idem_http::IdempotentClient;
 ///
 /// let client = IdempotentClient::new(reqwest::Client::new());
@@ -117,10 +187,7 @@ impl IdempotentClient {
 
     /// Sends a request built elsewhere (with any `reqwest::Client`) as one logical request:
     /// the `Idempotency-Key` it carries, or a fresh one, on every attempt.
-    pub async fn send_idempotent(
-        &self,
-        builder: RequestBuilder,
-    ) -> Result<Response, reqwest::Error> {
+    pub async fn send_idempotent(&self, builder: RequestBuilder) -> Result<Response, ClientError> {
         let key = uuid::Uuid::new_v4().to_string();
         self.send_with_key(builder, &key).await
     }
@@ -129,52 +196,88 @@ impl IdempotentClient {
         &self,
         builder: RequestBuilder,
         key: &str,
-    ) -> Result<Response, reqwest::Error> {
+    ) -> Result<Response, ClientError> {
         let (client, request) = builder.build_split();
         let mut request = request?;
-        if !request.headers().contains_key(IDEMPOTENCY_KEY) {
-            let value = HeaderValue::from_str(key).expect("a UUID is a valid header value");
-            request.headers_mut().insert(IDEMPOTENCY_KEY, value);
-        }
+        let sent = match request.headers().get(IDEMPOTENCY_KEY) {
+            Some(value) => value.to_str().unwrap_or("\u{fffd}").to_owned(),
+            None => key.to_owned(),
+        };
+        let valid = IdempotencyKey::parse(&sent)
+            .map_err(|reason| ClientError::InvalidKey { key: sent, reason })?;
+        let value = HeaderValue::from_str(valid.as_str()).map_err(|_| ClientError::InvalidKey {
+            key: valid.as_str().to_owned(),
+            reason: "is not a valid header value".to_owned(),
+        })?;
+        request.headers_mut().insert(IDEMPOTENCY_KEY, value);
         self.execute(&client, request).await
     }
 
-    async fn execute(&self, client: &Client, request: Request) -> Result<Response, reqwest::Error> {
+    async fn execute(&self, client: &Client, request: Request) -> Result<Response, ClientError> {
         let max = self.retry.max_attempts.max(1);
+        // A deadline past what the clock can show is no deadline.
+        let deadline = Instant::now().checked_add(self.retry.deadline);
+        let mut key_expires: Option<SystemTime> = None;
         let mut attempt = 1;
-        let mut request = Some(request);
+        let mut current = request;
         loop {
-            let current = request.take().expect("one request per attempt");
             // Keep a copy for the next attempt; a streaming body has none and is sent once.
             let next = if attempt < max {
                 current.try_clone()
             } else {
                 None
             };
-            let last = next.is_none();
-            let pause = match client.execute(current).await {
-                Ok(res) if !last && retryable_status(res.status()) => match retry_after(&res) {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            *current.timeout_mut() = [current.timeout().copied(), self.retry.attempt_timeout, left]
+                .into_iter()
+                .flatten()
+                .min();
+            let result = client.execute(current).await;
+            if let Ok(res) = &result {
+                key_expires = expires(res).or(key_expires);
+            }
+            let pause = match &result {
+                Ok(res) if retryable_response(res) => Some(match retry_after(res) {
                     Some(after) => after.min(self.retry.max_retry_after),
                     None => self.retry.backoff(attempt),
-                },
-                Ok(res) => return Ok(res),
-                Err(err) if !last && retryable_error(&err) => self.retry.backoff(attempt),
-                Err(err) => return Err(err),
+                }),
+                Err(err) if retryable_error(err) => Some(self.retry.backoff(attempt)),
+                _ => None,
             };
+            let (Some(pause), Some(next)) = (pause, next) else {
+                return Ok(result?);
+            };
+            if deadline.is_some_and(|d| Instant::now().checked_add(pause).is_none_or(|at| at >= d))
+            {
+                tracing::debug!(target: "idem_http", attempt, "an idempotent request's deadline leaves no time to retry");
+                return Ok(result?);
+            }
+            if key_expires
+                .is_some_and(|at| SystemTime::now().checked_add(pause).is_none_or(|t| t >= at))
+            {
+                tracing::debug!(target: "idem_http", attempt, "an idempotent request's key expires before a retry; not retried");
+                return Ok(result?);
+            }
             tracing::debug!(target: "idem_http", attempt, ?pause, "retrying an idempotent request with the same key");
             tokio::time::sleep(pause).await;
-            request = next;
+            current = next;
             attempt += 1;
         }
     }
 }
 
-/// Statuses after which the same request may succeed: 409 (the first attempt still
-/// runs), 429, and 5xx.
-fn retryable_status(status: StatusCode) -> bool {
-    status == StatusCode::CONFLICT
+/// Responses after which the same request may succeed with no second run: 429, a 409
+/// with `Retry-After` (the draft's answer for a request still in progress), and what the
+/// server marked `Idempotent-Retryable: true`.
+fn retryable_response(res: &Response) -> bool {
+    let status = res.status();
+    let marked = res
+        .headers()
+        .get(IDEMPOTENT_RETRYABLE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+    marked
         || status == StatusCode::TOO_MANY_REQUESTS
-        || status.is_server_error()
+        || (status == StatusCode::CONFLICT && res.headers().contains_key(RETRY_AFTER))
 }
 
 /// Timeouts, refused connections, and connections lost before the response: with the same
@@ -196,6 +299,11 @@ fn retry_after(res: &Response) -> Option<Duration> {
     Some(Duration::from_secs(secs))
 }
 
+/// When the server said the key expires.
+fn expires(res: &Response) -> Option<SystemTime> {
+    httpdate::parse_http_date(res.headers().get(IDEMPOTENCY_KEY_EXPIRES)?.to_str().ok()?).ok()
+}
+
 /// One logical request of an [`IdempotentClient`]: a `reqwest::RequestBuilder` and its key.
 #[derive(Debug)]
 #[must_use = "a request does nothing until `.send()` is awaited"]
@@ -212,6 +320,8 @@ impl IdempotentRequest<'_> {
     }
 
     /// Sends `key` instead of a fresh one (e.g. a key kept across a restart of the client).
+    /// A key a server would refuse (empty, over 255 characters, not printable ASCII) is
+    /// [`ClientError::InvalidKey`] from [`send`](Self::send), and nothing is sent.
     pub fn key(mut self, key: impl Into<String>) -> Self {
         self.key = key.into();
         self
@@ -241,7 +351,8 @@ impl IdempotentRequest<'_> {
         self
     }
 
-    /// The timeout of each attempt.
+    /// The timeout of each attempt (the policy's `attempt_timeout` and `deadline` still
+    /// apply when shorter).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.builder = self.builder.timeout(timeout);
         self
@@ -254,8 +365,8 @@ impl IdempotentRequest<'_> {
     }
 
     /// Sends it, retrying as the client's [`RetryPolicy`] says, with the same key. Returns
-    /// the last response (a 409 or 5xx when attempts ran out) or the last error.
-    pub async fn send(self) -> Result<Response, reqwest::Error> {
+    /// the last response (a 409 or 429 when attempts or time ran out) or the last error.
+    pub async fn send(self) -> Result<Response, ClientError> {
         self.client.send_with_key(self.builder, &self.key).await
     }
 }

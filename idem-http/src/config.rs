@@ -6,10 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{self, HeaderName};
-use http::request::Parts;
-use http::Method;
+use http::{Method, StatusCode};
 use idem_core::{Idem, InProgress};
 use tokio_util::task::TaskTracker;
+
+use crate::fingerprint::BodyFingerprint;
+use crate::identity::ClientIdentity;
 
 /// The header a client sends its key in, by default (the IETF draft's name).
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -19,11 +21,44 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 pub const MAX_KEY_LEN: usize = 255;
 /// The default limit of the request body read for the fingerprint: 1 MiB.
 pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
+/// The header that tells the client when its key expires, as an HTTP date: on a response
+/// that created or replayed a record. A request with the same key after that is a new
+/// request, and runs again.
+pub const IDEMPOTENCY_KEY_EXPIRES: HeaderName = HeaderName::from_static("idempotency-key-expires");
+/// The header (`true`) on a response after which resending the same request with the same
+/// key is safe and may succeed: nothing was stored for the key (a duplicate still running,
+/// the store unreachable, a server draining, or a handler that said nothing happened with
+/// [`RetrySafe`](crate::RetrySafe)). `IdempotentClient` retries these.
+pub const IDEMPOTENT_RETRYABLE: HeaderName = HeaderName::from_static("idempotent-retryable");
+/// The default limit of a response body the layer stores: 4 MiB. A larger one passes
+/// through to its client, and a retry gets a problem response.
+pub const DEFAULT_MAX_RESPONSE_BODY: usize = 4 * 1024 * 1024;
 /// The default scope of the keys the layer stores (the first part of each [`idem_core::Key`]).
 pub const DEFAULT_SCOPE: &str = "idem_http";
 
-/// Maps a request to its principal (the authenticated user, a tenant): keys are scoped by it.
-pub(crate) type PrincipalFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+/// Takes a key from a parsed JSON body.
+pub(crate) type BodyKeyFn = Arc<dyn Fn(&serde_json::Value) -> Option<String> + Send + Sync>;
+
+/// Where a request's key is read.
+#[derive(Clone)]
+pub(crate) enum KeySource {
+    /// The header named by `Config::header`.
+    Header,
+    /// A JSON pointer into the body (a webhook's `/event_id`).
+    JsonPointer(String),
+    /// A function of the parsed body.
+    Body(BodyKeyFn),
+}
+
+impl fmt::Debug for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeySource::Header => f.write_str("Header"),
+            KeySource::JsonPointer(p) => f.debug_tuple("JsonPointer").field(p).finish(),
+            KeySource::Body(_) => f.write_str("Body(..)"),
+        }
+    }
+}
 
 /// Every option of an [`IdempotencyLayer`](crate::IdempotencyLayer), plus what its services
 /// share (the tracker of running handlers). Cloning is cheap: services hold an `Arc` of it.
@@ -34,11 +69,15 @@ pub(crate) struct Config {
     pub(crate) methods: Vec<Method>,
     pub(crate) key_required: bool,
     pub(crate) header: HeaderName,
+    pub(crate) key_source: KeySource,
     pub(crate) max_body: usize,
+    pub(crate) max_response_body: usize,
     pub(crate) stored_headers: Vec<HeaderName>,
     pub(crate) store_client_errors: bool,
     pub(crate) store_server_errors: bool,
-    pub(crate) principal: Option<PrincipalFn>,
+    pub(crate) unstored_statuses: Vec<StatusCode>,
+    pub(crate) identity: ClientIdentity,
+    pub(crate) body_fingerprint: BodyFingerprint,
     pub(crate) in_progress: InProgress,
     pub(crate) wait_timeout: Option<Duration>,
     pub(crate) ttl: Option<Duration>,
@@ -47,6 +86,8 @@ pub(crate) struct Config {
     pub(crate) tracker: TaskTracker,
     /// Set by [`Drain::drain`](crate::Drain::drain): new guarded requests get 503.
     pub(crate) draining: Arc<AtomicBool>,
+    /// Set once the layer warned of a request with no credentials (anonymous keys shared).
+    pub(crate) warned_anonymous: Arc<AtomicBool>,
 }
 
 impl Config {
@@ -57,24 +98,33 @@ impl Config {
             methods: vec![Method::POST, Method::PATCH],
             key_required: true,
             header: IDEMPOTENCY_KEY,
+            key_source: KeySource::Header,
             max_body: DEFAULT_MAX_BODY,
+            max_response_body: DEFAULT_MAX_RESPONSE_BODY,
             stored_headers: default_stored_headers(),
             store_client_errors: true,
-            store_server_errors: false,
-            principal: None,
+            store_server_errors: true,
+            unstored_statuses: default_unstored_statuses(),
+            identity: ClientIdentity::credentials(),
+            body_fingerprint: BodyFingerprint::JsonValue,
             in_progress: InProgress::Reject,
             wait_timeout: None,
             ttl: None,
             lease: None,
             tracker: TaskTracker::new(),
             draining: Arc::new(AtomicBool::new(false)),
+            warned_anonymous: Arc::new(AtomicBool::new(false)),
         }
     }
 
-    /// Whether a response with this status is stored and replayed. 1xx-3xx always are;
-    /// a 4xx or 5xx only when configured, since a retry of such a request may succeed.
-    pub(crate) fn stores_status(&self, status: http::StatusCode) -> bool {
-        if status.is_server_error() {
+    /// Whether a response with this status is stored and replayed: every status once the
+    /// handler has run (its outcome is what a retry gets, a 5xx included), but the answers
+    /// that are not the operation's result ([`default_unstored_statuses`]), and 4xx or 5xx
+    /// when the service turned them off.
+    pub(crate) fn stores_status(&self, status: StatusCode) -> bool {
+        if self.unstored_statuses.contains(&status) {
+            false
+        } else if status.is_server_error() {
             self.store_server_errors
         } else if status.is_client_error() {
             self.store_client_errors
@@ -82,6 +132,30 @@ impl Config {
             true
         }
     }
+
+    /// Whether a retry of a request answered `status`, not stored, is safe to announce
+    /// ([`IDEMPOTENT_RETRYABLE`]): the service said its unstored 5xx change nothing, or the
+    /// request timed out or was rate limited before it did anything. 401 and 403 are not
+    /// stored but not retryable either: the same credentials get the same answer.
+    pub(crate) fn retryable_unstored(&self, status: StatusCode) -> bool {
+        status == StatusCode::REQUEST_TIMEOUT
+            || status == StatusCode::TOO_MANY_REQUESTS
+            || (status.is_server_error() && !self.store_server_errors)
+    }
+}
+
+/// The statuses that are not the operation's result, so never stored: 401 and 403 (the
+/// request never reached the operation), 408 and 429 (it was not run, and a retry later
+/// may be), and a 409 of the handler's own (a conflict of the moment, which the client
+/// resolves and retries).
+pub(crate) fn default_unstored_statuses() -> Vec<StatusCode> {
+    vec![
+        StatusCode::UNAUTHORIZED,
+        StatusCode::FORBIDDEN,
+        StatusCode::REQUEST_TIMEOUT,
+        StatusCode::CONFLICT,
+        StatusCode::TOO_MANY_REQUESTS,
+    ]
 }
 
 /// Headers that describe the stored body and carry nothing about one client's session
@@ -94,6 +168,8 @@ pub(crate) fn default_stored_headers() -> Vec<HeaderName> {
         header::LOCATION,
         header::ETAG,
         header::LAST_MODIFIED,
+        header::CACHE_CONTROL,
+        header::RETRY_AFTER,
     ]
 }
 
@@ -105,11 +181,15 @@ impl fmt::Debug for Config {
             .field("methods", &self.methods)
             .field("key_required", &self.key_required)
             .field("header", &self.header)
+            .field("key_source", &self.key_source)
             .field("max_body", &self.max_body)
+            .field("max_response_body", &self.max_response_body)
             .field("stored_headers", &self.stored_headers)
             .field("store_client_errors", &self.store_client_errors)
             .field("store_server_errors", &self.store_server_errors)
-            .field("principal", &self.principal.is_some())
+            .field("unstored_statuses", &self.unstored_statuses)
+            .field("identity", &self.identity)
+            .field("body_fingerprint", &self.body_fingerprint)
             .field("in_progress", &self.in_progress)
             .field("wait_timeout", &self.wait_timeout)
             .field("ttl", &self.ttl)

@@ -4,6 +4,7 @@ use http::header::HeaderName;
 use http::HeaderMap;
 
 use crate::config::MAX_KEY_LEN;
+use crate::identity::Client;
 use crate::problem::Problem;
 
 /// A validated idempotency key, as the client sent it (the quotes of a structured-field
@@ -48,6 +49,21 @@ impl IdempotencyKey {
                 ),
             )
         })?;
+        let key = IdempotencyKey::parse(text).map_err(|reason| {
+            Problem::invalid_key(name, format!("the `{name}` header {reason}"))
+        })?;
+        Ok(Some(key))
+    }
+
+    /// Validates a key as a client would send it: `Err` says what is wrong with it (so that
+    /// a caller can prefix where it came from).
+    pub(crate) fn parse(text: &str) -> Result<Self, String> {
+        if text
+            .bytes()
+            .any(|b| !(b == b' ' || b == b'\t' || b.is_ascii_graphic()))
+        {
+            return Err("is not a valid header value: use printable ASCII only".to_owned());
+        }
         // The draft defines the key as a structured-field string (`"abc"`); bare tokens are
         // what most clients send, so both are accepted and mean the same key.
         let key = match text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
@@ -55,21 +71,30 @@ impl IdempotencyKey {
             None => text,
         };
         if key.trim().is_empty() {
-            return Err(Problem::invalid_key(
-                name,
-                format!("the `{name}` header is empty"),
-            ));
+            return Err("is empty".to_owned());
         }
         if key.len() > MAX_KEY_LEN {
-            return Err(Problem::invalid_key(
-                name,
-                format!(
-                    "the `{name}` header is {} characters long; at most {MAX_KEY_LEN} are accepted",
-                    key.len()
-                ),
+            return Err(format!(
+                "is {} characters long; at most {MAX_KEY_LEN} are accepted",
+                key.len()
             ));
         }
-        Ok(Some(IdempotencyKey(key.to_owned())))
+        Ok(IdempotencyKey(key.to_owned()))
+    }
+
+    /// A key taken from a request's body (a webhook's event id): any text of 1 to
+    /// [`MAX_KEY_LEN`] bytes.
+    pub(crate) fn from_body_value(text: String) -> Result<Self, String> {
+        if text.trim().is_empty() {
+            return Err("is empty".to_owned());
+        }
+        if text.len() > MAX_KEY_LEN {
+            return Err(format!(
+                "is {} bytes long; at most {MAX_KEY_LEN} are accepted",
+                text.len()
+            ));
+        }
+        Ok(IdempotencyKey(text))
     }
 }
 
@@ -85,14 +110,16 @@ impl AsRef<str> for IdempotencyKey {
     }
 }
 
-/// The id of the stored key for `key` sent by `principal`. Injective: a principal is
-/// length-prefixed (`5:alice:k1`), an anonymous request is `-:k1`, and a principal too long
-/// to fit the store's id limit is replaced by its digest (`#<hex>:k1`), so two principals
-/// never share an id and neither can forge the other's.
-pub(crate) fn stored_id(principal: Option<&str>, key: &IdempotencyKey) -> String {
-    match principal {
-        None => format!("-:{}", key.0),
-        Some(p) if p.len() <= 256 => format!("{}:{p}:{}", p.len(), key.0),
-        Some(p) => format!("#{}:{}", idem_core::digest_hex(p), key.0),
+/// The id of the stored key for `key` sent by `client`. Injective: a principal is
+/// length-prefixed (`5:alice:k1`), a principal too long to fit the store's id limit is
+/// replaced by its digest (`#<hex>:k1`), a client known by its credentials is `@<hex>:k1`,
+/// and the anonymous (or shared) client is `-:k1`; so no two clients share an id and none
+/// can forge another's. A stored format: a change makes every stored key unreachable.
+pub(crate) fn stored_id(client: &Client, key: &IdempotencyKey) -> String {
+    match client {
+        Client::Anonymous => format!("-:{}", key.0),
+        Client::Principal(p) if p.len() <= 256 => format!("{}:{p}:{}", p.len(), key.0),
+        Client::Principal(p) => format!("#{}:{}", idem_core::digest_hex(p), key.0),
+        Client::Credentials(hex) => format!("@{hex}:{}", key.0),
     }
 }

@@ -6,19 +6,22 @@ use std::time::Duration;
 
 use http::header::HeaderName;
 use http::request::Parts;
-use http::Method;
+use http::{Method, StatusCode};
 use idem_core::{Idem, InProgress};
 use tokio_util::task::TaskTracker;
 
-use crate::config::Config;
+use crate::config::{Config, KeySource};
+use crate::fingerprint::BodyFingerprint;
+use crate::identity::ClientIdentity;
 use crate::service::IdempotencyService;
 
 /// A [`tower::Layer`] that gives a service the semantics of the `Idempotency-Key` header
 /// (IETF draft-ietf-httpapi-idempotency-key-header) on any idem store.
 ///
 /// A guarded request (POST or PATCH by default) with a key runs the handler once per key
-/// (and principal); a retry gets the stored response with `Idempotent-Replayed: true`. See
-/// the crate documentation for every status it answers.
+/// and client ([`ClientIdentity`]); a retry from the same client gets the stored response
+/// with `Idempotent-Replayed: true`. See the crate documentation for every status it
+/// answers and which responses are stored.
 ///
 /// ```
 /// use idem_core::Idem;
@@ -41,8 +44,11 @@ pub struct IdempotencyLayer {
 
 impl IdempotencyLayer {
     /// A layer on `idem` with the defaults: POST and PATCH guarded, the key required in
-    /// `Idempotency-Key`, bodies up to 1 MiB, 4xx responses stored and 5xx not, keys not
-    /// scoped by principal, a concurrent duplicate answered 409.
+    /// `Idempotency-Key`, each client's keys its own (known by its credentials:
+    /// [`ClientIdentity::credentials`]), request bodies up to 1 MiB, JSON bodies compared
+    /// by value, every outcome of a handler that ran stored (5xx and panics included) but
+    /// 401, 403, 408, 409 and 429, responses up to 4 MiB stored, a concurrent duplicate
+    /// answered 409.
     pub fn new(idem: Idem) -> Self {
         IdempotencyLayer {
             config: Config::new(idem),
@@ -76,36 +82,93 @@ impl IdempotencyLayer {
     }
 
     /// The response headers stored and replayed (default `content-type`,
-    /// `content-language`, `content-location`, `location`, `etag`, `last-modified`). The
-    /// first response keeps all of its headers; a replay carries only these.
+    /// `content-language`, `content-location`, `location`, `etag`, `last-modified`,
+    /// `cache-control`, `retry-after`). The first response keeps all of its headers; a
+    /// replay carries only these.
     pub fn stored_headers(mut self, names: impl IntoIterator<Item = HeaderName>) -> Self {
         self.config.stored_headers = names.into_iter().collect();
         self
     }
 
-    /// Whether 4xx responses are stored and replayed (default true: a declined request
-    /// stays declined). When false, the key is released and a retry runs the handler again.
+    /// The key is read from the JSON body at `pointer` (RFC 6901, e.g. `/event_id`), a
+    /// string or a number, instead of a header: for webhooks, whose providers put the
+    /// event's id in the body. A body without it is 400 (or passes through, with
+    /// [`key_required(false)`](Self::key_required)). Webhooks usually come with no
+    /// credentials the default [`ClientIdentity`] reads, so their keys are shared: a
+    /// signature check belongs in front of this layer.
+    pub fn key_from_json(mut self, pointer: impl Into<String>) -> Self {
+        self.config.key_source = KeySource::JsonPointer(pointer.into());
+        self
+    }
+
+    /// The key is what `key` finds in the parsed JSON body, instead of a header (see
+    /// [`key_from_json`](Self::key_from_json)).
+    pub fn key_from_body<F>(mut self, key: F) -> Self
+    where
+        F: Fn(&serde_json::Value) -> Option<String> + Send + Sync + 'static,
+    {
+        self.config.key_source = KeySource::Body(Arc::new(key));
+        self
+    }
+
+    /// The largest response body stored, in bytes (default 4 MiB). A larger response, or
+    /// a `text/event-stream`, passes through to its client as it streams, never buffered
+    /// whole; the key then keeps a problem response ("the response could not be stored"),
+    /// so a retry neither runs the handler again nor gets the body.
+    pub fn max_response_body(mut self, bytes: usize) -> Self {
+        self.config.max_response_body = bytes;
+        self
+    }
+
+    /// The statuses that are not an operation's result, so never stored: the response
+    /// goes to its client, the key is released, and a retry runs the handler again.
+    /// Default 401, 403, 408, 409 (the handler's own; the layer's in-progress 409 is not
+    /// a handler's response) and 429.
+    pub fn unstored_statuses(mut self, statuses: impl IntoIterator<Item = StatusCode>) -> Self {
+        self.config.unstored_statuses = statuses.into_iter().collect();
+        self
+    }
+
+    /// Whether 4xx responses (but the [unstored ones](Self::unstored_statuses)) are stored
+    /// and replayed (default true: a declined request stays declined). When false, the key
+    /// is released and a retry runs the handler again.
     pub fn store_client_errors(mut self, store: bool) -> Self {
         self.config.store_client_errors = store;
         self
     }
 
-    /// Whether 5xx responses are stored and replayed (default false: a retry after a
-    /// server failure runs the handler again).
+    /// Whether 5xx responses are stored and replayed (default true: a handler that failed
+    /// half way may have charged, so a retry gets its answer). Turn it off only when every
+    /// handler behind the layer undoes all it did before it answers 5xx; such a 5xx then
+    /// releases the key and says `Idempotent-Retryable: true`. A single handler says so
+    /// for one response with [`RetrySafe`](crate::RetrySafe) instead.
     pub fn store_server_errors(mut self, store: bool) -> Self {
         self.config.store_server_errors = store;
         self
     }
 
-    /// Scopes keys by principal (the authenticated user, a tenant): two principals sending
-    /// the same key never share a result. `None` is the anonymous principal. Runs after the
-    /// layers outside this one, so an authentication layer there can leave what it found in
-    /// the request's extensions.
-    pub fn principal<F>(mut self, principal: F) -> Self
+    /// What identifies a client (default [`ClientIdentity::credentials`]): a stored
+    /// response is only ever replayed to the client that sent its key.
+    pub fn client_identity(mut self, identity: ClientIdentity) -> Self {
+        self.config.identity = identity;
+        self
+    }
+
+    /// A client is its principal (the authenticated user, a tenant):
+    /// `client_identity(ClientIdentity::principal(principal))`. `None` is the anonymous
+    /// client. Runs after the layers outside this one, so an authentication layer there
+    /// can leave what it found in the request's extensions.
+    pub fn principal<F>(self, principal: F) -> Self
     where
         F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
     {
-        self.config.principal = Some(Arc::new(principal));
+        self.client_identity(ClientIdentity::principal(principal))
+    }
+
+    /// How the body counts in the fingerprint (default [`BodyFingerprint::JsonValue`]: a
+    /// JSON body by its value, any other by its bytes).
+    pub fn body_fingerprint(mut self, mode: BodyFingerprint) -> Self {
+        self.config.body_fingerprint = mode;
         self
     }
 

@@ -45,36 +45,57 @@
 //!
 //! | request | response |
 //! | --- | --- |
-//! | first request with a key | the handler's response; stored (2xx, 3xx, 4xx; 5xx only with [`IdempotencyLayer::store_server_errors`]) |
-//! | same key, same method, path, query and body | the stored status, stored headers and body, `Idempotent-Replayed: true` |
+//! | first request with a key | the handler's response; stored as below |
+//! | same key, same client, same method, path, query and body | the stored status, stored headers and body, `Idempotent-Replayed: true` |
 //! | same key while the first still runs | 409 with `Retry-After` (or the first's response, with [`InProgress::Wait`](idem_core::InProgress::Wait)) |
 //! | same key, another method, path, query or body | 422 |
+//! | same key from another client ([`ClientIdentity`]) | a request of its own |
 //! | no key, when required (the default) | 400 |
 //! | several keys, an empty key, a key over 255 characters, or not printable ASCII | 400 |
 //! | a body over [`IdempotencyLayer::max_body`] | 413; the handler does not run |
 //! | the store is unreachable | 503; the handler does not run |
 //! | the server is draining ([`Drain::drain`]) | 503 with `Retry-After` |
 //!
-//! A key is scoped by the principal ([`IdempotencyLayer::principal`]), so two users sending
-//! one key never share a response. The handler runs in a task of its own: a client that
-//! disconnects does not cancel it, and its retry gets the stored response. [`Drain`] lets a
-//! shutdown wait for handlers still running.
+//! Once a handler has started, its outcome is what every retry gets: the layer cannot know
+//! whether a side effect happened before a failure. So a 5xx is stored, and a panic is
+//! stored as a 500 problem. Not stored (the key is released, a retry runs again): 401, 403,
+//! 408, 409 and 429, which are not the operation's result
+//! ([`IdempotencyLayer::unstored_statuses`]), and a response the handler marked
+//! [`RetrySafe`]. A response over [`IdempotencyLayer::max_response_body`] (4 MiB), or an
+//! event stream, streams to its client; a retry gets a problem saying it could not be
+//! stored. Answers after which resending is safe carry `Idempotent-Retryable: true`
+//! ([`IDEMPOTENT_RETRYABLE`]); a stored or replayed response says when its key expires
+//! ([`IDEMPOTENCY_KEY_EXPIRES`]).
+//!
+//! A key belongs to a client ([`ClientIdentity`]: by default a digest of its
+//! `Authorization` header and cookies), so no client is ever served another's response. The
+//! request is its method, its path and query as the client sent them (before axum's `nest`
+//! stripped a prefix), and its body: a JSON body by its value ([`BodyFingerprint`]). The
+//! handler runs in a task of its own: a client that disconnects does not cancel it, and its
+//! retry gets the stored response. [`Drain`] lets a shutdown wait for handlers still
+//! running. Webhooks, whose id is in the body, take their key from there with
+//! [`IdempotencyLayer::key_from_json`].
 //!
 //! ## Features
 //!
 //! - `axum`: [`IdempotencyKey`] as an extractor, and `IntoResponse` for [`IdemError`] and
 //!   [`Problem`], for handlers that use `#[idempotent]` directly.
 //! - `client`: `IdempotentClient`, the client half on `reqwest`: one key per logical
-//!   request, retried with the same key. `rustls` adds reqwest's rustls TLS.
+//!   request, retried with the same key on what a retry can fix without a second run,
+//!   within a deadline. `rustls` adds reqwest's rustls TLS.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod body;
 mod config;
+mod fingerprint;
 mod future;
+mod identity;
 mod key;
 mod layer;
-pub mod problem;
+mod problem;
+mod retry_safe;
 mod service;
 mod stored;
 
@@ -83,21 +104,25 @@ mod stored;
 mod extract;
 
 #[cfg(feature = "client")]
-#[cfg_attr(docsrs, doc(cfg(feature = "client")))]
-pub mod client;
+mod client;
 
+pub use body::ResponseBody;
 pub use config::{
-    DEFAULT_MAX_BODY, DEFAULT_SCOPE, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, MAX_KEY_LEN,
+    DEFAULT_MAX_BODY, DEFAULT_MAX_RESPONSE_BODY, DEFAULT_SCOPE, IDEMPOTENCY_KEY,
+    IDEMPOTENCY_KEY_EXPIRES, IDEMPOTENT_REPLAYED, IDEMPOTENT_RETRYABLE, MAX_KEY_LEN,
 };
+pub use fingerprint::BodyFingerprint;
 pub use future::ResponseFuture;
+pub use identity::{ClientIdentity, SESSION_COOKIES};
 pub use key::IdempotencyKey;
 pub use layer::{Drain, IdempotencyLayer};
-pub use problem::{IdemError, Problem};
+pub use problem::{IdemError, Problem, PROBLEM_JSON};
+pub use retry_safe::RetrySafe;
 pub use service::IdempotencyService;
-pub use stored::StoredResponse;
 
 #[cfg(feature = "axum")]
 pub use extract::IdempotencyKeyRejection;
 
 #[cfg(feature = "client")]
-pub use client::{IdempotentClient, IdempotentRequest, RetryPolicy};
+#[cfg_attr(docsrs, doc(cfg(feature = "client")))]
+pub use client::{ClientError, IdempotentClient, IdempotentRequest, RetryPolicy};

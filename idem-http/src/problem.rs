@@ -8,6 +8,8 @@ use http::header::{HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
 use serde::Serialize;
 
+use crate::config::KeySource;
+
 /// The media type of every error body the layer writes.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
@@ -70,6 +72,53 @@ impl Problem {
         )
     }
 
+    /// The request's body carries no key where the layer looks for it.
+    pub(crate) fn missing_body_key(source: &KeySource) -> Self {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "idempotency-key-missing",
+            "Idempotency key missing",
+            format!(
+                "this request requires an idempotency key in its JSON body: {}",
+                where_in_body(source)
+            ),
+        )
+    }
+
+    /// The key in the request's body is not one the layer accepts.
+    pub(crate) fn invalid_body_key(source: &KeySource, reason: &str) -> Self {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "idempotency-key-invalid",
+            "Invalid idempotency key",
+            format!(
+                "the idempotency key in the JSON body ({}) {reason}",
+                where_in_body(source)
+            ),
+        )
+    }
+
+    /// Stored for a request whose response went to its first client but was too large, or
+    /// streamed, to store: a retry gets this instead of a second run.
+    pub(crate) fn response_not_stored(key: &str, limit: usize) -> Self {
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "response-not-stored",
+            "The response could not be stored",
+            format!("the request with the idempotency key `{key}` ran, but its response was streamed or over the {limit} bytes the server stores, so it cannot be replayed; it is not run again"),
+        )
+    }
+
+    /// The handler ran, but neither its response nor a record of it could be stored.
+    pub(crate) fn not_stored_after_run(key: &str) -> Self {
+        Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "outcome-not-stored",
+            "The outcome could not be stored",
+            format!("the request with the idempotency key `{key}` ran, but the idempotency store failed before its outcome was stored; it may have taken effect, so do not resend it blindly"),
+        )
+    }
+
     pub(crate) fn body_too_large(limit: usize) -> Self {
         Problem::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -113,7 +162,7 @@ impl Problem {
     /// | --- | --- |
     /// | `MissingKey`, `InvalidKey` | 400 |
     /// | `KeyReuse` | 422 |
-    /// | `InProgress` | 409, `Retry-After` from the lease |
+    /// | `InProgress` | 409, `Retry-After` from the engine's hint (1 s by default) |
     /// | `WaitTimeout` | 409, `Retry-After: 1`: the first request still runs, and the same request later gets its result |
     /// | `Store`, `LeaseLost` | 503 (`Retry-After: 1` when retrying can help); the handler did not run, or its result was not stored |
     /// | `Decode`, `Encode`, `InvalidOption`, `Connect` and others | 500 |
@@ -160,10 +209,14 @@ impl Problem {
                     "Idempotency store unavailable",
                     detail,
                 );
-                if source.is_temporary() {
-                    p.with_retry_after(Duration::from_secs(1))
-                } else {
-                    p
+                match source {
+                    // A store that lost its records says how long it refuses new keys.
+                    idem_core::StoreError::RecordsLost {
+                        retry_after: Some(after),
+                        ..
+                    } => p.with_retry_after(*after),
+                    s if s.is_temporary() => p.with_retry_after(Duration::from_secs(1)),
+                    _ => p,
                 }
             }
             E::LeaseLost { .. } => Problem::new(
@@ -214,6 +267,16 @@ impl Problem {
             headers.insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
         }
         res
+    }
+}
+
+/// Where in the body the layer looks for the key, for a reader.
+fn where_in_body(source: &KeySource) -> String {
+    match source {
+        KeySource::JsonPointer(pointer) => format!("a string or number at `{pointer}`"),
+        KeySource::Body(_) | KeySource::Header => {
+            "as the service's key function reads it".to_owned()
+        }
     }
 }
 

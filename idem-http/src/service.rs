@@ -1,29 +1,39 @@
 //! [`IdempotencyService`]: reads the key and the body, then runs the handler once per key
 //! in a task of its own and answers every duplicate from the store.
 
-use std::sync::atomic::Ordering;
+use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_LENGTH};
-use http::{response, Request, Response};
+use bytes::{Buf, Bytes};
+use futures_util::FutureExt as _;
+use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use idem_core::{BoxError, Fingerprint, Key};
+use idem_core::{BoxError, Key};
 use tower::Service;
 
-use crate::config::{Config, IDEMPOTENT_REPLAYED};
+use crate::body::ResponseBody;
+use crate::config::{
+    Config, KeySource, IDEMPOTENCY_KEY_EXPIRES, IDEMPOTENT_REPLAYED, IDEMPOTENT_RETRYABLE,
+};
+use crate::fingerprint::{self, BodyFingerprint};
 use crate::future::ResponseFuture;
+use crate::identity::Client;
 use crate::key::{stored_id, IdempotencyKey};
 use crate::problem::Problem;
-use crate::stored::StoredResponse;
+use crate::retry_safe::RetrySafe;
+use crate::stored::{expires_at, expiry_header, StoredResponse};
 
 /// The service made by [`IdempotencyLayer`](crate::IdempotencyLayer).
 ///
 /// The request body must be buildable from the bytes read for the fingerprint
-/// (`ReqBody: From<Bytes>`, as axum's `Body` and `Full<Bytes>` are), and so must the
-/// response body, for replays and problems.
+/// (`ReqBody: From<Bytes>`, as axum's `Body` and `Full<Bytes>` are). Responses have a
+/// [`ResponseBody`]: the handler's own body when it passes through, else the bytes the
+/// layer holds.
 #[derive(Debug, Clone)]
 pub struct IdempotencyService<S> {
     inner: S,
@@ -49,13 +59,13 @@ where
     ReqBody: Body + From<Bytes> + Send + 'static,
     ReqBody::Data: Send,
     ReqBody::Error: Into<BoxError>,
-    ResBody: Body + From<Bytes> + Send + 'static,
+    ResBody: Body + Send + 'static,
     ResBody::Data: Send,
     ResBody::Error: Into<BoxError>,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
-    type Future = ResponseFuture<Response<ResBody>, S::Error>;
+    type Future = ResponseFuture<Response<ResponseBody<ResBody>>, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -63,7 +73,8 @@ where
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         if !self.config.methods.contains(req.method()) {
-            return ResponseFuture::new(self.inner.call(req));
+            let fut = self.inner.call(req);
+            return ResponseFuture::new(async move { Ok(fut.await?.map(ResponseBody::inner)) });
         }
         // The service that was polled ready is the one that must be called; keep a fresh
         // clone for the next request (tower's documented pattern).
@@ -73,12 +84,14 @@ where
     }
 }
 
+type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
+
 /// A guarded request: validate, read the body, then hand the rest to a task of its own.
 async fn guarded<S, ReqBody, ResBody>(
     config: Arc<Config>,
-    mut inner: S,
+    inner: S,
     req: Request<ReqBody>,
-) -> Result<Response<ResBody>, S::Error>
+) -> Answer<ResBody, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -86,21 +99,25 @@ where
     ReqBody: Body + From<Bytes> + Send + 'static,
     ReqBody::Data: Send,
     ReqBody::Error: Into<BoxError>,
-    ResBody: Body + From<Bytes> + Send + 'static,
+    ResBody: Body + Send + 'static,
     ResBody::Data: Send,
     ResBody::Error: Into<BoxError>,
 {
     let (mut parts, body) = req.into_parts();
-    let client_key = match IdempotencyKey::from_headers(&parts.headers, &config.header) {
-        Ok(Some(key)) => key,
-        Ok(None) if config.key_required => {
-            return Ok(Problem::missing_key(&config.header).to_response())
-        }
-        Ok(None) => return inner.call(Request::from_parts(parts, body)).await,
-        Err(problem) => return Ok(problem.to_response()),
+    // A key in a header is checked before the body is read.
+    let header_key = match config.key_source {
+        KeySource::Header => match IdempotencyKey::from_headers(&parts.headers, &config.header) {
+            Ok(Some(key)) => Some(key),
+            Ok(None) if config.key_required => {
+                return Ok(Problem::missing_key(&config.header).to_response())
+            }
+            Ok(None) => return pass_through(inner, Request::from_parts(parts, body)).await,
+            Err(problem) => return Ok(problem.to_response()),
+        },
+        _ => None,
     };
     if config.draining.load(Ordering::SeqCst) {
-        return Ok(Problem::shutting_down().to_response());
+        return Ok(retryable(Problem::shutting_down().to_response()));
     }
     let declared = parts
         .headers
@@ -116,19 +133,45 @@ where
         }
         Err(err) => return Ok(Problem::body_unreadable(&*err).to_response()),
     };
-    // Method, path (with the query) and body digest: the same key on another endpoint or
-    // with another payload is a different request, refused with 422.
-    let fingerprint = Fingerprint::of(&(
-        parts.method.as_str(),
-        parts.uri.path(),
-        parts.uri.query(),
-        blake3::hash(&bytes).as_bytes(),
-    ));
-    let principal = config.principal.as_ref().and_then(|f| f(&parts));
-    let key = match Key::new(
-        config.scope.as_str(),
-        stored_id(principal.as_deref(), &client_key),
-    ) {
+    let key_from_body = !matches!(config.key_source, KeySource::Header);
+    let json_counts =
+        config.body_fingerprint == BodyFingerprint::JsonValue && fingerprint::is_json(&parts);
+    let parsed: Option<serde_json::Value> = if key_from_body || json_counts {
+        serde_json::from_slice(&bytes).ok()
+    } else {
+        None
+    };
+    let client_key = match header_key {
+        Some(key) => key,
+        None => match body_key(&config.key_source, parsed.as_ref()) {
+            Some(Ok(key)) => key,
+            Some(Err(reason)) => {
+                return Ok(Problem::invalid_body_key(&config.key_source, &reason).to_response())
+            }
+            None if config.key_required => {
+                return Ok(Problem::missing_body_key(&config.key_source).to_response())
+            }
+            None => {
+                let req = Request::from_parts(parts, ReqBody::from(bytes));
+                return pass_through(inner, req).await;
+            }
+        },
+    };
+    // Method, path as the client sent it (with the query) and body: the same key on another
+    // endpoint or with another payload is a different request, refused with 422.
+    let fingerprint = fingerprint::of_request(
+        &parts,
+        &bytes,
+        json_counts.then_some(parsed).flatten().as_ref(),
+    );
+    let client = config.identity.of(&parts);
+    if client == Client::Anonymous
+        && config.identity.is_credentials()
+        && !config.warned_anonymous.swap(true, Ordering::Relaxed)
+    {
+        tracing::warn!(target: "idem_http", "a guarded request carried none of the credentials that identify a client (Authorization, X-Api-Key, a session cookie): anonymous requests share one key space; name your client with `.principal(..)`, `ClientIdentity::credentials().with_header(..)` or `.cookies(..)`, or say keys are shared with `ClientIdentity::shared()` (warned once)");
+    }
+    let key = match Key::new(config.scope.as_str(), stored_id(&client, &client_key)) {
         Ok(key) => key,
         Err(err) => return Ok(Problem::from_error(&err).to_response()),
     };
@@ -147,42 +190,74 @@ where
     match task.await {
         Ok(res) => res,
         Err(err) => Ok(Problem::handler_failed(format!(
-            "the handler of this idempotent request failed ({err}); its key was released, so a retry runs it again"
+            "the task of this idempotent request ended without an answer ({err})"
         ))
         .to_response()),
     }
 }
 
-/// Why the engine's body ended without a response to store.
-enum Failure<E> {
-    /// The engine refused or failed (duplicate, key reuse, store outage).
-    Idem(idem_core::Error),
-    /// The inner service failed: passed to the caller as is.
-    Inner(E),
-    /// The response body failed while it was read.
-    Body(BoxError),
-    /// A response whose status is not stored: sent to this caller only; the key is released.
-    NotStored(response::Parts, Bytes),
+/// A request the layer does not guard: the handler's response as it is.
+async fn pass_through<S, ReqBody, ResBody>(
+    mut inner: S,
+    req: Request<ReqBody>,
+) -> Answer<ResBody, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    Ok(inner.call(req).await?.map(ResponseBody::inner))
 }
 
-impl<E> From<idem_core::Error> for Failure<E> {
+/// The key a body carries, as [`KeySource`] says: `None` when it has none.
+fn body_key(
+    source: &KeySource,
+    parsed: Option<&serde_json::Value>,
+) -> Option<Result<IdempotencyKey, String>> {
+    let value = parsed?;
+    let text = match source {
+        KeySource::Header => return None,
+        KeySource::JsonPointer(pointer) => match value.pointer(pointer)? {
+            serde_json::Value::String(text) => text.clone(),
+            serde_json::Value::Number(n) => n.to_string(),
+            _ => return None,
+        },
+        KeySource::Body(f) => f(value)?,
+    };
+    Some(IdempotencyKey::from_body_value(text))
+}
+
+/// Why the engine's body ended without a response to store.
+enum Failure<B> {
+    /// The engine refused or failed (duplicate, key reuse, store outage).
+    Idem(idem_core::Error),
+    /// A response that is not the operation's result (401, 429, ..., or one the handler
+    /// marked [`RetrySafe`]): sent to this caller only; the key is released.
+    NotStored(Response<ResponseBody<B>>),
+}
+
+impl<B> From<idem_core::Error> for Failure<B> {
     fn from(err: idem_core::Error) -> Self {
         Failure::Idem(err)
     }
 }
 
-/// Claims the key, runs the handler, stores its response; or answers from the store.
+/// Claims the key, runs the handler, stores its outcome; or answers from the store.
+///
+/// Once the handler has started, its outcome is what every retry gets: a 5xx is stored, a
+/// panic is stored as a 500 problem, and so is an error of the inner service or of the
+/// response body; a response too large or streaming to store goes to this caller, and a
+/// retry gets a problem saying so. Only what the handler marked [`RetrySafe`], and
+/// answers that are not the operation's result, release the key.
 async fn run_guarded<S, ReqBody, ResBody>(
     config: Arc<Config>,
     mut inner: S,
     req: Request<ReqBody>,
     key: Key,
     client_key: String,
-    fingerprint: Fingerprint,
-) -> Result<Response<ResBody>, S::Error>
+    fingerprint: idem_core::Fingerprint,
+) -> Answer<ResBody, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ResBody: Body + From<Bytes>,
+    ResBody: Body,
     ResBody::Error: Into<BoxError>,
 {
     let mut call = config
@@ -198,66 +273,226 @@ where
     if let Some(lease) = config.lease {
         call = call.lease(lease);
     }
-    // The first caller gets the handler's response whole (every header); the store keeps
-    // the chosen headers only, for replays.
-    let first: Mutex<Option<(response::Parts, Bytes)>> = Mutex::new(None);
+    let expires = expires_at(config.ttl.unwrap_or_else(|| config.idem.ttl()));
+    // The first caller gets the handler's response whole (every header, or the body as it
+    // streams); the store keeps the chosen headers only, for replays.
+    let first: Mutex<Option<Response<ResponseBody<ResBody>>>> = Mutex::new(None);
+    let inner_error: Mutex<Option<S::Error>> = Mutex::new(None);
+    // Set once the handler has been called: from then on a failure of the engine is not
+    // "nothing happened", whatever it says.
+    let ran = AtomicBool::new(false);
     let outcome = call
         .with_outcome()
         .run_fallible(|| async {
-            let res = inner.call(req).await.map_err(Failure::Inner)?;
-            let (parts, body) = res.into_parts();
-            let bytes = body
-                .collect()
-                .await
-                .map_err(|e| Failure::Body(e.into()))?
-                .to_bytes();
-            if !config.stores_status(parts.status) {
-                return Err(Failure::NotStored(parts, bytes));
+            ran.store(true, Ordering::SeqCst);
+            // The call itself inside the catch: a service may panic before its future.
+            let called = AssertUnwindSafe(async { inner.call(req).await }).catch_unwind();
+            let res = match called.await {
+                Ok(Ok(res)) => res,
+                Ok(Err(err)) => {
+                    *inner_error.lock().expect("not poisoned") = Some(err);
+                    let problem = Problem::handler_failed(format!(
+                        "the service failed while it handled the request with the idempotency key `{client_key}`; it may have taken effect, so a retry gets this answer"
+                    ));
+                    return Ok(StoredResponse::problem(&problem, expires));
+                }
+                Err(panic) => {
+                    tracing::error!(target: "idem_http", panic = panic_message(&panic), "an idempotent request's handler panicked; its outcome is stored as a 500");
+                    let problem = Problem::handler_failed(format!(
+                        "the handler panicked while it handled the request with the idempotency key `{client_key}`; it may have taken effect, so a retry gets this answer"
+                    ));
+                    return Ok(StoredResponse::problem(&problem, expires));
+                }
+            };
+            let marked = res.extensions().get::<RetrySafe>().is_some();
+            if marked || !config.stores_status(res.status()) {
+                let mut res = res.map(ResponseBody::inner);
+                if marked || config.retryable_unstored(res.status()) {
+                    res = retryable(res);
+                }
+                return Err(Failure::NotStored(res));
             }
-            let stored = StoredResponse::new(&parts, &bytes, &config.stored_headers);
-            *first.lock().expect("not poisoned") = Some((parts, bytes));
-            Ok(stored)
+            let (mut parts, body) = res.into_parts();
+            if let Some(value) = expires.and_then(expiry_header) {
+                parts.headers.insert(IDEMPOTENCY_KEY_EXPIRES, value);
+            }
+            let read = AssertUnwindSafe(read_bounded(body, config.max_response_body, &parts))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|panic| {
+                    Read::Failed(format!("it panicked: {}", panic_message(&panic)).into())
+                });
+            match read {
+                Read::Whole(bytes) => {
+                    let stored =
+                        StoredResponse::new(&parts, &bytes, &config.stored_headers, expires);
+                    *first.lock().expect("not poisoned") =
+                        Some(Response::from_parts(parts, ResponseBody::full(bytes)));
+                    Ok(stored)
+                }
+                Read::TooLarge { read, rest } => {
+                    tracing::warn!(target: "idem_http", limit = config.max_response_body, "an idempotent response is too large or streaming to store; a retry gets a problem response");
+                    *first.lock().expect("not poisoned") =
+                        Some(Response::from_parts(parts, ResponseBody::resumed(read, rest)));
+                    let problem = Problem::response_not_stored(&client_key, config.max_response_body);
+                    Ok(StoredResponse::problem(&problem, expires))
+                }
+                Read::Failed(err) => {
+                    let problem = Problem::handler_failed(format!(
+                        "the handler's response body failed ({err}) after the request with the idempotency key `{client_key}` ran; it may have taken effect, so a retry gets this answer"
+                    ));
+                    Ok(StoredResponse::problem(&problem, expires))
+                }
+            }
         })
         .await;
     match outcome {
         Ok(outcome) if !outcome.is_replay() => {
+            if let Some(err) = inner_error.lock().expect("not poisoned").take() {
+                return Err(err);
+            }
             let first = first.lock().expect("not poisoned").take();
             Ok(match first {
-                Some((parts, bytes)) => Response::from_parts(parts, ResBody::from(bytes)),
-                None => replay(outcome.value()),
+                Some(res) => res,
+                None => rebuilt(outcome.value()),
             })
         }
         Ok(outcome) => Ok(replay(outcome.value())),
+        Err(Failure::Idem(err)) if ran.load(Ordering::SeqCst) => {
+            // The handler ran, but its outcome could not be stored (the store failed at
+            // the end): the claim is kept until its lease ends. The first caller gets the
+            // handler's own response if there is one; else a problem that is not marked
+            // retryable, since a retry after the lease would run it again.
+            tracing::warn!(target: "idem_http", error = &err as &dyn std::error::Error, "an idempotent request ran but its outcome could not be stored");
+            if let Some(err) = inner_error.lock().expect("not poisoned").take() {
+                return Err(err);
+            }
+            Ok(match first.lock().expect("not poisoned").take() {
+                Some(res) => res,
+                None => Problem::not_stored_after_run(&client_key).to_response(),
+            })
+        }
         Err(Failure::Idem(err)) => {
+            use idem_core::Error as E;
             let problem = Problem::for_client(&err, &client_key);
             if problem.status.is_server_error() {
                 tracing::warn!(target: "idem_http", error = &err as &dyn std::error::Error, status = problem.status.as_u16(), "idempotent request failed in the layer");
             } else {
                 tracing::debug!(target: "idem_http", error = %err, status = problem.status.as_u16(), "idempotent request refused");
             }
-            Ok(problem.to_response())
+            // Nothing ran for these (or it still runs): the same request later is safe.
+            let safe = matches!(
+                err,
+                E::InProgress { .. } | E::WaitTimeout { .. } | E::Store { .. }
+            );
+            let res = problem.to_response();
+            Ok(if safe { retryable(res) } else { res })
         }
-        Err(Failure::NotStored(parts, bytes)) => Ok(Response::from_parts(parts, ResBody::from(bytes))),
-        Err(Failure::Inner(err)) => Err(err),
-        Err(Failure::Body(err)) => Ok(Problem::handler_failed(format!(
-            "the handler's response body failed: {err}; its key was released, so a retry runs it again"
-        ))
-        .to_response()),
+        Err(Failure::NotStored(res)) => Ok(res),
     }
+}
+
+/// What reading a response body for the store gave.
+enum Read<B> {
+    /// All of it, within the limit.
+    Whole(Bytes),
+    /// Over the limit, or a stream (`text/event-stream`, or a known length over the limit):
+    /// what was read, and the rest, to pass through.
+    TooLarge {
+        read: VecDeque<Bytes>,
+        rest: std::pin::Pin<Box<B>>,
+    },
+    /// The body failed.
+    Failed(BoxError),
+}
+
+/// Reads `body` up to `limit` bytes, never more: a larger or endless body is handed back
+/// with what was read of it.
+async fn read_bounded<B>(body: B, limit: usize, parts: &http::response::Parts) -> Read<B>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let mut body = Box::pin(body);
+    let streaming = parts
+        .headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| {
+            ct.split(';')
+                .next()
+                .is_some_and(|e| e.trim().eq_ignore_ascii_case("text/event-stream"))
+        });
+    if streaming || body.size_hint().lower() > limit as u64 {
+        return Read::TooLarge {
+            read: VecDeque::new(),
+            rest: body,
+        };
+    }
+    let mut read = VecDeque::new();
+    let mut len = 0usize;
+    loop {
+        match body.frame().await {
+            None => break,
+            Some(Err(err)) => return Read::Failed(err.into()),
+            Some(Ok(frame)) => {
+                // Trailers cannot be stored; the data is what a replay sends.
+                let Ok(mut data) = frame.into_data() else {
+                    continue;
+                };
+                let chunk = data.copy_to_bytes(data.remaining());
+                len += chunk.len();
+                read.push_back(chunk);
+                if len > limit {
+                    return Read::TooLarge { read, rest: body };
+                }
+            }
+        }
+    }
+    Read::Whole(match read.len() {
+        0 => Bytes::new(),
+        1 => read.pop_front().unwrap_or_default(),
+        _ => {
+            let mut all = Vec::with_capacity(len);
+            for chunk in read {
+                all.extend_from_slice(&chunk);
+            }
+            Bytes::from(all)
+        }
+    })
+}
+
+/// A panic's message, when it is text.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(not text)")
+}
+
+/// Marks a response after which the same request with the same key is safe to resend.
+fn retryable<B>(mut res: Response<B>) -> Response<B> {
+    res.headers_mut()
+        .insert(IDEMPOTENT_RETRYABLE, HeaderValue::from_static("true"));
+    res
 }
 
 /// The stored response, marked as a replay.
 fn replay<B: From<Bytes>>(stored: &StoredResponse) -> Response<B> {
-    match stored.to_response::<B>() {
-        Some(mut res) => {
-            res.headers_mut()
-                .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-            res
-        }
-        None => Problem::handler_failed(format!(
+    let mut res = rebuilt(stored);
+    res.headers_mut()
+        .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    res
+}
+
+/// The stored response as sent.
+fn rebuilt<B: From<Bytes>>(stored: &StoredResponse) -> Response<B> {
+    stored.to_response::<B>().unwrap_or_else(|| {
+        Problem::handler_failed(format!(
             "the stored response (status {}) could not be rebuilt",
             stored.status
         ))
-        .to_response(),
-    }
+        .to_response()
+    })
 }

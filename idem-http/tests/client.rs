@@ -1,23 +1,28 @@
-//! The client half against a real server: one key per logical request, retried on what a
-//! retry can fix, bounded, honouring `Retry-After`.
+//! The client half against a real server: one key per logical request, retried only on what
+//! a retry can fix without a second run, bounded by attempts, a deadline and the key's
+//! expiry, honouring `Retry-After`.
 
 mod support;
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::post;
 use axum::Router;
-use idem_http::{IdempotentClient, RetryPolicy};
+use idem_http::{ClientError, IdempotentClient, RetryPolicy};
 use support::Server;
 
-/// Answers each attempt with the next status of its script (then 201), recording the key.
+/// One scripted answer: a status and its headers.
+type Step = (u16, Vec<(&'static str, String)>);
+
+/// Answers each attempt with the next step of its script (then 201), recording the key;
+/// a step of status 0 sleeps 2 s before answering 201 (an attempt that times out).
 #[derive(Default)]
 struct Script {
-    statuses: Mutex<Vec<(u16, Option<&'static str>)>>,
+    steps: Mutex<Vec<Step>>,
     keys: Mutex<Vec<String>>,
 }
 
@@ -28,15 +33,18 @@ async fn scripted(State(s): State<Arc<Script>>, headers: HeaderMap) -> axum::res
         .unwrap_or_default();
     s.keys.lock().unwrap().push(key);
     let next = {
-        let mut statuses = s.statuses.lock().unwrap();
-        (!statuses.is_empty()).then(|| statuses.remove(0))
+        let mut steps = s.steps.lock().unwrap();
+        (!steps.is_empty()).then(|| steps.remove(0))
     };
     match next {
-        Some((status, retry_after)) => {
+        Some((0, _)) => {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            (StatusCode::CREATED, "late").into_response()
+        }
+        Some((status, headers)) => {
             let mut res = StatusCode::from_u16(status).unwrap().into_response();
-            if let Some(after) = retry_after {
-                res.headers_mut()
-                    .insert("retry-after", after.parse().unwrap());
+            for (name, value) in headers {
+                res.headers_mut().insert(name, value.parse().unwrap());
             }
             res
         }
@@ -44,9 +52,9 @@ async fn scripted(State(s): State<Arc<Script>>, headers: HeaderMap) -> axum::res
     }
 }
 
-async fn serve(statuses: Vec<(u16, Option<&'static str>)>) -> (Server, Arc<Script>) {
+async fn serve(steps: Vec<Step>) -> (Server, Arc<Script>) {
     let script = Arc::new(Script {
-        statuses: Mutex::new(statuses),
+        steps: Mutex::new(steps),
         ..Script::default()
     });
     let app = Router::new()
@@ -64,9 +72,24 @@ fn fast() -> IdempotentClient {
     })
 }
 
+fn attempts(script: &Script) -> usize {
+    script.keys.lock().unwrap().len()
+}
+
+const RETRYABLE: (&str, &str) = ("idempotent-retryable", "true");
+
+fn h(pairs: &[(&'static str, &str)]) -> Vec<(&'static str, String)> {
+    pairs.iter().map(|(n, v)| (*n, (*v).to_owned())).collect()
+}
+
 #[tokio::test]
-async fn retries_409_429_and_5xx_with_one_uuid_v4_key() {
-    let (server, script) = serve(vec![(503, None), (409, Some("0")), (429, None)]).await;
+async fn retries_what_the_server_marks_429_and_an_in_progress_409_with_one_uuid_v4_key() {
+    let (server, script) = serve(vec![
+        (503, h(&[RETRYABLE])),
+        (409, h(&[("retry-after", "0")])),
+        (429, vec![]),
+    ])
+    .await;
     let res = fast()
         .post(server.url("/op"))
         .json(&1)
@@ -88,20 +111,32 @@ async fn retries_409_429_and_5xx_with_one_uuid_v4_key() {
     assert!(uuid[2].starts_with('4'), "a version 4 UUID: {}", keys[0]);
 }
 
+/// A 5xx the server did not mark is the operation's stored outcome: a retry would only
+/// replay it (or, against a server that does not store it, run the operation again).
+#[tokio::test]
+async fn a_plain_5xx_and_a_handlers_409_are_not_retried() {
+    for status in [500, 502, 503, 409] {
+        let (server, script) = serve(vec![(status, vec![])]).await;
+        let res = fast().post(server.url("/op")).send().await.unwrap();
+        assert_eq!(res.status(), status);
+        assert_eq!(attempts(&script), 1, "status {status} was retried");
+    }
+}
+
 #[tokio::test]
 async fn gives_up_after_max_attempts_with_the_last_response() {
-    let (server, script) = serve(vec![(500, None); 10]).await;
+    let (server, script) = serve(vec![(429, vec![]); 10]).await;
     let res = fast().post(server.url("/op")).send().await.unwrap();
-    assert_eq!(res.status(), 500);
-    assert_eq!(script.keys.lock().unwrap().len(), 4);
+    assert_eq!(res.status(), 429);
+    assert_eq!(attempts(&script), 4);
 }
 
 #[tokio::test]
 async fn does_not_retry_other_4xx() {
-    let (server, script) = serve(vec![(422, None)]).await;
+    let (server, script) = serve(vec![(422, vec![])]).await;
     let res = fast().post(server.url("/op")).send().await.unwrap();
     assert_eq!(res.status(), 422);
-    assert_eq!(script.keys.lock().unwrap().len(), 1);
+    assert_eq!(attempts(&script), 1);
 }
 
 #[tokio::test]
@@ -125,10 +160,31 @@ async fn two_logical_requests_get_two_keys_and_a_given_key_is_kept() {
     assert_eq!(&keys[2..], ["mine", "from-builder"]);
 }
 
+/// A key a server would refuse is an error naming it, and nothing is sent (it panicked).
+#[tokio::test]
+async fn a_key_that_is_not_a_header_value_is_an_error_not_a_panic() {
+    let (server, script) = serve(vec![]).await;
+    let long = "k".repeat(256);
+    for bad in ["line\nbreak", "", "caf\u{e9}", long.as_str()] {
+        let err = fast()
+            .post(server.url("/op"))
+            .key(bad)
+            .send()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, ClientError::InvalidKey { key, .. } if key == bad),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("idempotency key"), "{err}");
+    }
+    assert_eq!(attempts(&script), 0, "nothing was sent");
+}
+
 /// The backoff here is 1 ms: only `Retry-After: 1` makes the client wait a second.
 #[tokio::test]
 async fn honours_retry_after() {
-    let (server, _) = serve(vec![(503, Some("1"))]).await;
+    let (server, _) = serve(vec![(429, h(&[("retry-after", "1")]))]).await;
     let started = Instant::now();
     let res = fast().post(server.url("/op")).send().await.unwrap();
     assert_eq!(res.status(), 201);
@@ -137,6 +193,57 @@ async fn honours_retry_after() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// A total deadline bounds a logical request: no retry starts past it, and an attempt that
+/// hangs is cut at it (and at the per-attempt timeout, which retries).
+#[tokio::test]
+async fn a_deadline_bounds_the_whole_request() {
+    let client = IdempotentClient::new(reqwest::Client::new()).retry_policy(RetryPolicy {
+        initial_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(5),
+        deadline: Duration::from_millis(600),
+        attempt_timeout: Some(Duration::from_millis(250)),
+        ..RetryPolicy::default()
+    });
+    // Retry-After asks for 5 s; the deadline is 0.6 s away: the 429 is the answer.
+    let (server, script) = serve(vec![(429, h(&[("retry-after", "5")]))]).await;
+    let started = Instant::now();
+    let res = client.post(server.url("/op")).send().await.unwrap();
+    assert_eq!(res.status(), 429);
+    assert_eq!(attempts(&script), 1);
+    assert!(started.elapsed() < Duration::from_millis(500));
+
+    // Every attempt hangs for 2 s: each is cut at 250 ms and retried until the deadline.
+    let (server, script) = serve(vec![(0, vec![]); 10]).await;
+    let started = Instant::now();
+    let err = client.post(server.url("/op")).send().await.unwrap_err();
+    let took = started.elapsed();
+    assert!(
+        err.as_reqwest().is_some_and(reqwest::Error::is_timeout),
+        "{err:?}"
+    );
+    assert!(took < Duration::from_millis(1500), "{took:?}");
+    assert!(attempts(&script) >= 2, "a timed-out attempt is retried");
+    let keys = script.keys.lock().unwrap().clone();
+    assert!(keys.iter().all(|k| k == &keys[0]));
+}
+
+/// A retry that would come after the key's expiry would be a new request: not sent.
+#[tokio::test]
+async fn stops_when_the_key_expires_before_the_retry() {
+    let soon = httpdate::fmt_http_date(SystemTime::now() + Duration::from_millis(500));
+    let (server, script) = serve(vec![(
+        409,
+        vec![
+            ("retry-after", "2".to_owned()),
+            ("idempotency-key-expires", soon),
+        ],
+    )])
+    .await;
+    let res = fast().post(server.url("/op")).send().await.unwrap();
+    assert_eq!(res.status(), 409);
+    assert_eq!(attempts(&script), 1);
 }
 
 #[tokio::test]
@@ -151,5 +258,8 @@ async fn returns_the_connect_error_when_attempts_run_out() {
         .send()
         .await
         .unwrap_err();
-    assert!(err.is_connect(), "{err}");
+    assert!(
+        err.as_reqwest().is_some_and(reqwest::Error::is_connect),
+        "{err}"
+    );
 }

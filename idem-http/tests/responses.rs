@@ -65,6 +65,30 @@ async fn every_error_has_its_status() {
         (
             Error::Store {
                 key: key(),
+                source: StoreError::RecordsLost {
+                    backend: "redis",
+                    retry_after: Some(std::time::Duration::from_millis(41_500)),
+                },
+            },
+            503,
+            Some("42"),
+            "store-unavailable",
+        ),
+        (
+            Error::Store {
+                key: key(),
+                source: StoreError::RecordsLost {
+                    backend: "redis",
+                    retry_after: None,
+                },
+            },
+            503,
+            None,
+            "store-unavailable",
+        ),
+        (
+            Error::Store {
+                key: key(),
                 source: StoreError::NotSetUp {
                     backend: "postgres",
                     message: "call migrate()".into(),
@@ -282,9 +306,9 @@ async fn a_custom_header_name_is_the_one_read() {
 }
 
 #[tokio::test]
-async fn server_errors_are_stored_when_asked_and_client_errors_skipped_when_asked() {
+async fn server_errors_are_stored_unless_turned_off_and_client_errors_skipped_when_asked() {
     let (app, _) = counted(
-        idem_http::IdempotencyLayer::new(memory_idem()).store_server_errors(true),
+        idem_http::IdempotencyLayer::new(memory_idem()),
         StatusCode::BAD_GATEWAY,
     );
     assert_eq!(
@@ -296,17 +320,38 @@ async fn server_errors_are_stored_when_asked_and_client_errors_skipped_when_aske
         (StatusCode::BAD_GATEWAY, Some("true".into()), "run 1".into())
     );
 
+    // Turned off: the 5xx is released, and says a retry is safe.
+    let (app, _) = counted(
+        idem_http::IdempotencyLayer::new(memory_idem()).store_server_errors(false),
+        StatusCode::BAD_GATEWAY,
+    );
+    let res = app
+        .clone()
+        .oneshot(
+            Request::post("/")
+                .header("idempotency-key", "k")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(res.headers()["idempotent-retryable"], "true");
+    assert_eq!(
+        send(&app, Some(("idempotency-key", "k"))).await,
+        (StatusCode::BAD_GATEWAY, None, "run 2".into())
+    );
+
     let (app, _) = counted(
         idem_http::IdempotencyLayer::new(memory_idem()).store_client_errors(false),
-        StatusCode::CONFLICT,
+        StatusCode::BAD_REQUEST,
     );
     assert_eq!(
         send(&app, Some(("idempotency-key", "k"))).await,
-        (StatusCode::CONFLICT, None, "run 1".into())
+        (StatusCode::BAD_REQUEST, None, "run 1".into())
     );
     assert_eq!(
         send(&app, Some(("idempotency-key", "k"))).await,
-        (StatusCode::CONFLICT, None, "run 2".into())
+        (StatusCode::BAD_REQUEST, None, "run 2".into())
     );
 }
 
@@ -329,4 +374,59 @@ async fn guarded_methods_are_configurable() {
 #[should_panic(expected = "IdempotencyLayer::scope(\"billing/charge\")")]
 fn an_invalid_scope_is_refused_at_setup() {
     let _ = idem_http::IdempotencyLayer::new(memory_idem()).scope("billing/charge");
+}
+
+/// A service that panics in `call` itself, before its future: the panic is still the
+/// request's stored outcome, not a released key that a retry runs again.
+#[tokio::test]
+async fn a_panic_in_call_or_in_the_response_body_is_stored() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tower::Layer;
+
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    let panics_in_call = tower::service_fn(move |_req: Request<Body>| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        if true {
+            panic!("before the future");
+        }
+        async { Ok::<_, std::convert::Infallible>(axum::response::Response::new(Body::empty())) }
+    });
+    let service = idem_http::IdempotencyLayer::new(memory_idem()).layer(panics_in_call);
+    let counter = runs.clone();
+    let panics_in_body = tower::service_fn(move |_req: Request<Body>| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async {
+            let chunks = futures_util::StreamExt::map(
+                futures_util::stream::iter([0]),
+                |_| -> Result<bytes::Bytes, std::io::Error> { panic!("while the body streams") },
+            );
+            Ok::<_, std::convert::Infallible>(axum::response::Response::new(Body::from_stream(
+                chunks,
+            )))
+        }
+    });
+    let body_service = idem_http::IdempotencyLayer::new(memory_idem()).layer(panics_in_body);
+    let req = || {
+        Request::post("/")
+            .header("idempotency-key", "k")
+            .body(Body::empty())
+            .unwrap()
+    };
+    for attempt in 0..3 {
+        let res = service.clone().oneshot(req()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(
+            res.headers().get("idempotent-replayed").is_some(),
+            attempt > 0
+        );
+        let res = body_service.clone().oneshot(req()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(
+            res.headers().get("idempotent-replayed").is_some(),
+            attempt > 0
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "each ran once");
 }

@@ -55,6 +55,7 @@ pub const OPTIONS: &[&str] = &[
     "lease",
     "in_progress",
     "wait_timeout",
+    "lease_loss",
     "fingerprint",
     "skip",
     "cache_errors",
@@ -73,6 +74,7 @@ pub mod kw {
     syn::custom_keyword!(lease);
     syn::custom_keyword!(in_progress);
     syn::custom_keyword!(wait_timeout);
+    syn::custom_keyword!(lease_loss);
     syn::custom_keyword!(fingerprint);
     syn::custom_keyword!(skip);
     syn::custom_keyword!(cache_errors);
@@ -103,6 +105,13 @@ pub enum InProgressMode {
     Wait,
 }
 
+/// `lease_loss = "cancel" | "finish"`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum LeaseLossMode {
+    Cancel,
+    Finish,
+}
+
 /// `missing_key = "error" | "run"`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum MissingKeyMode {
@@ -126,6 +135,7 @@ pub struct Args {
     pub lease: Option<Opt<DurationArg>>,
     pub in_progress: Option<Opt<InProgressMode>>,
     pub wait_timeout: Option<Opt<DurationArg>>,
+    pub lease_loss: Option<Opt<LeaseLossMode>>,
     pub fingerprint: Option<Opt<FingerprintArg>>,
     pub skip: Option<Opt<Vec<Ident>>>,
     /// `cache_errors` alone (`None`: cache every error) or `cache_errors = <predicate>`.
@@ -139,19 +149,33 @@ pub struct Args {
     /// Set by `#[idem::scoped]` on the enclosing impl block: the impl's type as the source
     /// spells it (`Payments`, `<Payments as Charge>`), which names a method's default scope.
     pub impl_path: Option<Opt<LitStr>>,
-    /// Errors found while parsing that do not stop the parse (duplicates, bad literals).
+    /// Errors found while parsing: each wrong option is left out, the others kept.
     pub errors: Vec<syn::Error>,
+    /// Expressions given where a literal belongs (`version = V`): refused, yet kept so
+    /// that the fallback expansion still uses what they name.
+    pub stray: Vec<Expr>,
 }
 
+/// Parses every option, also after one that is wrong: its error is kept in `errors`, the
+/// parse goes on after the next comma, and the options that did parse (`crate`, the
+/// `__impl` of `#[idem::scoped]`, the expressions) still shape the fallback expansion.
 impl Parse for Args {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
         let mut args = Args::default();
         while !input.is_empty() {
-            args.parse_one(input)?;
-            if input.is_empty() {
-                break;
+            let parsed = args.parse_one(input).and_then(|()| match input.is_empty() {
+                true => Ok(()),
+                false => input.parse::<Token![,]>().map(drop),
+            });
+            if let Err(e) = parsed {
+                args.errors.push(e);
+                while !input.is_empty() && !input.peek(Token![,]) {
+                    input.parse::<proc_macro2::TokenTree>()?;
+                }
+                if !input.is_empty() {
+                    input.parse::<Token![,]>()?;
+                }
             }
-            input.parse::<Token![,]>()?;
         }
         Ok(args)
     }
@@ -180,7 +204,7 @@ impl Args {
         } else if input.peek(kw::scope) {
             input.parse::<kw::scope>()?;
             input.parse::<Token![=]>()?;
-            let lit = parse_lit_str(
+            let lit = self.parse_lit_str(
                 input,
                 "scope",
                 "a scope such as `scope = \"billing::charge\"`",
@@ -209,7 +233,7 @@ impl Args {
         } else if input.peek(kw::in_progress) {
             input.parse::<kw::in_progress>()?;
             input.parse::<Token![=]>()?;
-            let lit = parse_lit_str(
+            let lit = self.parse_lit_str(
                 input,
                 "in_progress",
                 "`in_progress = \"reject\"` or `in_progress = \"wait\"`",
@@ -226,6 +250,26 @@ impl Args {
                 }
             };
             self.set(|a| &mut a.in_progress, "in_progress", name_span, mode)
+        } else if input.peek(kw::lease_loss) {
+            input.parse::<kw::lease_loss>()?;
+            input.parse::<Token![=]>()?;
+            let lit = self.parse_lit_str(
+                input,
+                "lease_loss",
+                "`lease_loss = \"cancel\"` or `lease_loss = \"finish\"`",
+            )?;
+            let mode = match lit.value().as_str() {
+                "cancel" => LeaseLossMode::Cancel,
+                "finish" => LeaseLossMode::Finish,
+                other => {
+                    self.errors.push(syn::Error::new(
+                        lit.span(),
+                        format!("unknown `lease_loss` value `{other:?}`; expected \"cancel\" (drop the body when its lease is lost) or \"finish\" (let it run to its end)"),
+                    ));
+                    LeaseLossMode::Cancel
+                }
+            };
+            self.set(|a| &mut a.lease_loss, "lease_loss", name_span, mode)
         } else if input.peek(kw::fingerprint) {
             input.parse::<kw::fingerprint>()?;
             input.parse::<Token![=]>()?;
@@ -276,8 +320,10 @@ impl Args {
                 lit
             } else {
                 let expr: Expr = input.parse()?;
+                let span = expr.span();
+                self.stray.push(expr);
                 return Err(syn::Error::new(
-                    expr.span(),
+                    span,
                     "`version` takes an integer literal, like `version = 2`: it is written into every stored record, so it is fixed in the source",
                 ));
             };
@@ -294,7 +340,7 @@ impl Args {
         } else if input.peek(kw::missing_key) {
             input.parse::<kw::missing_key>()?;
             input.parse::<Token![=]>()?;
-            let lit = parse_lit_str(
+            let lit = self.parse_lit_str(
                 input,
                 "missing_key",
                 "`missing_key = \"error\"` or `missing_key = \"run\"`",
@@ -353,6 +399,25 @@ impl Args {
         Ok(())
     }
 
+    /// A string literal, or the error that says which one `option` takes.
+    fn parse_lit_str(
+        &mut self,
+        input: ParseStream<'_>,
+        option: &str,
+        example: &str,
+    ) -> syn::Result<LitStr> {
+        if input.peek(LitStr) {
+            return input.parse();
+        }
+        let expr: Expr = input.parse()?;
+        let span = expr.span();
+        self.stray.push(expr);
+        Err(syn::Error::new(
+            span,
+            format!("`{option}` takes a string literal: {example}"),
+        ))
+    }
+
     /// `= "30s"` (checked now) or `= <expr>` (any `Duration`).
     fn parse_duration(&mut self, input: ParseStream<'_>) -> syn::Result<DurationArg> {
         input.parse::<Token![=]>()?;
@@ -390,17 +455,6 @@ fn parse_skip_name(input: ParseStream<'_>) -> syn::Result<Ident> {
         return Ok(Ident::new("self", token.span));
     }
     input.parse()
-}
-
-fn parse_lit_str(input: ParseStream<'_>, option: &str, example: &str) -> syn::Result<LitStr> {
-    if input.peek(LitStr) {
-        return input.parse();
-    }
-    let expr: Expr = input.parse()?;
-    Err(syn::Error::new(
-        expr.span(),
-        format!("`{option}` takes a string literal: {example}"),
-    ))
 }
 
 fn check_scope(lit: &LitStr) -> syn::Result<()> {
@@ -451,7 +505,33 @@ pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{closest_option, parse_duration_ms};
+    use super::{closest_option, parse_duration_ms, Args};
+
+    #[test]
+    fn a_wrong_option_is_reported_and_the_others_still_parse() {
+        let args: Args = syn::parse_quote!(
+            tll = "1h",
+            key = order.id,
+            version = V,
+            store = self.idem,
+            in_progress = 3,
+            crate = "my_idem"
+        );
+        let errors: Vec<String> = args.errors.iter().map(ToString::to_string).collect();
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        assert!(errors[0].contains("unknown option `tll`"), "{errors:?}");
+        assert!(
+            errors[1].contains("`version` takes an integer literal"),
+            "{errors:?}"
+        );
+        assert!(
+            errors[2].contains("`in_progress` takes a string literal"),
+            "{errors:?}"
+        );
+        assert!(args.key.is_some() && args.store.is_some() && args.krate.is_some());
+        assert!(args.version.is_none() && args.in_progress.is_none());
+        assert_eq!(args.stray.len(), 2, "`V` and `3` are kept for the fallback");
+    }
 
     #[test]
     fn duration_literals() {

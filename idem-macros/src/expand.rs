@@ -10,7 +10,9 @@ use quote::{format_ident, quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::{Ident, ItemFn, ReturnType, Type};
 
-use crate::attr::{Args, DurationArg, FingerprintArg, InProgressMode, MissingKeyMode, Opt};
+use crate::attr::{
+    Args, DurationArg, FingerprintArg, InProgressMode, LeaseLossMode, MissingKeyMode, Opt,
+};
 use crate::valid::{self, Func, Ret, Shape};
 
 /// The attribute's entry point: parse, check, generate; on any error, the user's function
@@ -32,13 +34,118 @@ pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
     };
     match valid::check(&func, &args) {
         Ok(checked) => generate(func, &args, checked),
-        Err(e) => with_error(item, e),
+        Err(refused) => {
+            let error = refused.error.to_compile_error();
+            let func = fallback(func, &args, refused.func.map(|f| *f));
+            quote!(#func #error)
+        }
     }
 }
 
 fn with_error(item: TokenStream, error: syn::Error) -> TokenStream {
     let error = error.to_compile_error();
     quote!(#item #error)
+}
+
+/// The function to emit beside the errors of a refused attribute, so that they are the only
+/// messages: its signature is the one the expansion would give it (callers that `?` or
+/// `.unwrap()` its result still compile), its body is type-checked as the expansion would
+/// check it but never runs, and every argument and every expression of the attribute is
+/// used (no warning about a variable or an import only the attribute names). A function
+/// the macro cannot rewrite (not `async`, `const`, `extern`) is kept as written.
+fn fallback(mut func: ItemFn, args: &Args, checked: Option<Func>) -> TokenStream {
+    let uses = valid::bound_names(&func.sig)
+        .into_iter()
+        .map(|name| quote!(let _ = &#name;));
+    let exprs = attribute_exprs(args).map(|e| quote!(let _ = &(#e);));
+    let uses = quote! {
+        let _ = || { #(#exprs)* };
+        #(#uses)*
+    };
+    // A function the expansion cannot rewrite, or one whose `impl Trait` result (refused)
+    // only its own body can define, is kept as written.
+    let checked = match checked {
+        Some(checked) if valid::find_impl_trait(&checked.body_ty).is_none() => checked,
+        _ => {
+            let block = &func.block;
+            func.block = syn::parse_quote!({ #uses #block });
+            return func.into_token_stream();
+        }
+    };
+    let body_ty = &checked.body_ty;
+    match &checked.shape {
+        Shape::Async => {
+            let block = &func.block;
+            let ret = local("__idem_ret");
+            // An `impl Trait` result (refused) cannot name the body's type.
+            let typed = valid::find_impl_trait(body_ty).is_none();
+            let body = if typed {
+                quote! {
+                    if let ::core::option::Option::Some(#ret) = ::core::option::Option::None::<#body_ty> {
+                        #[allow(unreachable_code)]
+                        return #ret;
+                    }
+                    let #ret: #body_ty = #block;
+                    #[allow(unreachable_code)]
+                    #ret
+                }
+            } else {
+                quote!(#block)
+            };
+            if let (Ret::Value(ty), true, false) = (&checked.ret, typed, valid::in_trait_impl(args))
+            {
+                let krate = match &args.krate {
+                    Some(opt) => opt.value.to_token_stream(),
+                    None => quote!(::idem),
+                };
+                let (arrow, ty) = match &func.sig.output {
+                    ReturnType::Type(arrow, declared) => (*arrow, &**declared),
+                    ReturnType::Default => (Default::default(), ty),
+                };
+                let wrapped: Type = syn::parse_quote_spanned!(ty.span()=>
+                    ::core::result::Result<#ty, #krate::Error>
+                );
+                func.sig.output = ReturnType::Type(arrow, Box::new(wrapped));
+            }
+            func.block = syn::parse_quote!({
+                #uses
+                let _ = move || async move { #body };
+                ::core::unreachable!("#[idempotent] refused this fn: the crate does not compile")
+            });
+        }
+        Shape::AsyncTrait { body } => {
+            let body = mark_rebindings_used(body);
+            func.block = syn::parse_quote!({
+                ::std::boxed::Box::pin(async move #body)
+            });
+        }
+    }
+    func.into_token_stream()
+}
+
+/// The expressions the attribute holds, refused ones included.
+fn attribute_exprs(args: &Args) -> impl Iterator<Item = &syn::Expr> {
+    let durations = [&args.ttl, &args.lease, &args.wait_timeout]
+        .into_iter()
+        .filter_map(|opt| match opt.as_ref().map(|o| &o.value) {
+            Some(DurationArg::Expr(e)) => Some(&**e),
+            _ => None,
+        });
+    let fingerprint = match args.fingerprint.as_ref().map(|o| &o.value) {
+        Some(FingerprintArg::Expr(e)) => Some(&**e),
+        _ => None,
+    };
+    let others = [&args.key, &args.store, &args.codec]
+        .into_iter()
+        .filter_map(|opt| opt.as_ref().map(|o| &o.value));
+    let predicate = args.cache_errors.as_ref().and_then(|o| o.value.as_ref());
+    // A closure's parameters are typed by the call it is passed to, which is not made.
+    others
+        .chain(durations)
+        .chain(fingerprint)
+        .chain(predicate)
+        .chain(&args.stray)
+        .filter(|e| !matches!(e, syn::Expr::Closure(_)))
 }
 
 fn local(name: &str) -> Ident {
@@ -64,8 +171,8 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
     let eq_of = |ty: &TokenStream| {
         quote!({
             #[allow(unused_imports)]
-            use #pr::{ViaNoEq as _, ViaPartialEq as _};
-            (&&#pr::EqProbe::<#ty>::NEW).__idem_eq()
+            use #pr::Otherwise as _;
+            #pr::EqProbe::<#ty>::NEW.__idem_probe()
         })
     };
     // What the engine may do with a result beyond serde: compare it by `==`, and, with
@@ -165,8 +272,8 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
             quote!(#pr::assert_arg(#r);)
         });
         let items = checked.digested.iter().map(|arg| {
-            let method = format_ident!("__idem_arg", span = arg.span());
-            quote!((&#pr::ArgProbe(&#arg)).#method())
+            let method = format_ident!("__idem_probe", span = arg.span());
+            quote!(#pr::ArgProbe(&#arg).#method())
         });
         let tuple = chunked_tuple(items.collect());
         quote! {
@@ -179,10 +286,7 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
     let key_expr = match &args.key {
         Some(opt) => {
             let r = spanned_ref(&opt.value);
-            quote! {{
-                #pr::assert_key(#r);
-                #pr::key(#scope, (&&&&#pr::KeyIdProbe(#r)).__idem_key_id())
-            }}
+            quote!(#pr::key(#scope, #r))
         }
         None => quote!(#pr::digest_key(#scope, &#digest)),
     };
@@ -219,6 +323,13 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
             InProgressMode::Wait => quote!(Wait),
         };
         options.extend(quote!(.in_progress(#pr::InProgress::#mode)));
+    }
+    if let Some(opt) = &args.lease_loss {
+        let mode = match opt.value {
+            LeaseLossMode::Cancel => quote!(Cancel),
+            LeaseLossMode::Finish => quote!(Finish),
+        };
+        options.extend(quote!(.lease_loss(#pr::LeaseLoss::#mode)));
     }
     if let Some(opt) = &args.codec {
         let expr = &opt.value;
@@ -287,10 +398,7 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
         #engine_init
         let (#key, #fp) = {
             #[allow(unused_imports)]
-            use #pr::{
-                ArgPlaceholder as _, ArgSerialize as _, ViaDigest as _, ViaNothing as _,
-                ViaOptionalDigest as _, ViaOptionalReadable as _, ViaReadable as _,
-            };
+            use #pr::Otherwise as _;
             #arg_stmts
             (#key_expr, #fp_expr)
         };

@@ -101,7 +101,8 @@ fn is_idempotent(attr: &syn::Attribute) -> bool {
 }
 
 /// Whether the attribute sets its own `scope`. Options that do not parse are left for
-/// `#[idempotent]` itself to report.
+/// `#[idempotent]` itself to report; the method is still told its type, so that its
+/// fallback expansion has the scope it would have.
 fn has_own_scope(meta: &Meta) -> bool {
     match meta {
         Meta::List(list) => syn::parse2::<Args>(list.tokens.clone())

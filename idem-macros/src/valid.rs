@@ -47,7 +47,14 @@ pub struct Func {
     pub digested: Vec<Ident>,
 }
 
-pub fn check(func: &ItemFn, args: &Args) -> Result<Func, syn::Error> {
+/// A function the checks refused: every error, and what the expansion would have needed
+/// when the function has a shape the macro can rewrite, for the fallback expansion.
+pub struct Refused {
+    pub error: syn::Error,
+    pub func: Option<Box<Func>>,
+}
+
+pub fn check(func: &ItemFn, args: &Args) -> Result<Func, Refused> {
     let mut errors: Vec<syn::Error> = Vec::new();
     let sig = &func.sig;
 
@@ -119,11 +126,7 @@ pub fn check(func: &ItemFn, args: &Args) -> Result<Func, syn::Error> {
     };
     // In a trait impl the trait fixes the signature, so a plain `T` cannot become
     // `Result<T, idem::Error>`. `#[idem::scoped]` says whether this is one.
-    let in_trait_impl = args
-        .impl_path
-        .as_ref()
-        .is_some_and(|p| p.value.value().contains(" as "));
-    if let (Some(Shape::Async), true, Ret::Value(ty)) = (&shape, in_trait_impl, &ret) {
+    if let (Some(Shape::Async), true, Ret::Value(ty)) = (&shape, in_trait_impl(args), &ret) {
         let message = format!(
             "in a trait impl, #[idempotent] cannot turn `{ty}` into `Result<{ty}, idem::Error>`: the trait fixes the method's return type. Declare the method as returning `Result<{ty}, E>` with `E: From<idem::Error>`, in the trait and here",
             ty = quote::ToTokens::to_token_stream(ty)
@@ -179,12 +182,7 @@ pub fn check(func: &ItemFn, args: &Args) -> Result<Func, syn::Error> {
     }
 
     // Argument bindings, and `skip` names that must be among them.
-    let mut bound: Vec<Ident> = Vec::new();
-    for input in &sig.inputs {
-        if let FnArg::Typed(arg) = input {
-            bindings(&arg.pat, &mut bound);
-        }
-    }
+    let bound = bound_names(sig);
     let skipped: &[Ident] = args.skip.as_ref().map_or(&[], |s| &s.value);
     for name in skipped {
         if name == "self" || bound.iter().any(|b| b == name) {
@@ -201,25 +199,75 @@ pub fn check(func: &ItemFn, args: &Args) -> Result<Func, syn::Error> {
             format!("`skip({name})` names no argument of this function; {known}"),
         ));
     }
+    // The argument that is the engine (`store = idem`) is never part of the request.
+    let engine_arg = args
+        .store
+        .as_ref()
+        .and_then(|opt| engine_argument(&opt.value));
     let digested = bound
         .into_iter()
-        .filter(|b| !skipped.iter().any(|s| s == b))
+        .filter(|b| !skipped.iter().any(|s| s == b) && Some(b) != engine_arg)
         .collect();
 
-    let mut errors = args.errors.iter().cloned().chain(errors);
-    if let Some(mut first) = errors.next() {
-        for e in errors {
-            first.combine(e);
-        }
-        return Err(first);
-    }
-    Ok(Func {
-        shape: shape.expect("no error means a shape"),
+    let func = shape.map(|shape| Func {
+        shape,
         ret,
         body_ty,
         outcome,
         digested,
-    })
+    });
+    let mut errors = args.errors.iter().cloned().chain(errors);
+    match (errors.next(), func) {
+        (None, Some(func)) => Ok(func),
+        (Some(mut error), func) => {
+            for e in errors {
+                error.combine(e);
+            }
+            Err(Refused {
+                error,
+                func: func.map(Box::new),
+            })
+        }
+        // Each branch that leaves the shape unknown reports why; this is for safety.
+        (None, None) => Err(Refused {
+            error: syn::Error::new(sig.fn_token.span, "#[idempotent] cannot rewrite this fn"),
+            func: None,
+        }),
+    }
+}
+
+/// Whether `#[idem::scoped]` says the method is in a trait impl, whose trait fixes its
+/// signature.
+pub fn in_trait_impl(args: &Args) -> bool {
+    args.impl_path
+        .as_ref()
+        .is_some_and(|p| p.value.value().contains(" as "))
+}
+
+/// Every name the function's typed arguments bind, in order.
+pub fn bound_names(sig: &syn::Signature) -> Vec<Ident> {
+    let mut bound = Vec::new();
+    for input in &sig.inputs {
+        if let FnArg::Typed(arg) = input {
+            bindings(&arg.pat, &mut bound);
+        }
+    }
+    bound
+}
+
+/// The argument a `store = <expr>` names when the argument is the engine itself, or a
+/// reference or pointer to it: `idem`, `&idem`, `*idem`. Not `ctx.idem`: `ctx` may hold
+/// request data besides the engine, and leaving it out of the key unasked could let two
+/// requests share one.
+fn engine_argument(expr: &Expr) -> Option<&Ident> {
+    match expr {
+        Expr::Path(p) if p.qself.is_none() => p.path.get_ident(),
+        Expr::Reference(r) => engine_argument(&r.expr),
+        Expr::Unary(u) if matches!(u.op, syn::UnOp::Deref(_)) => engine_argument(&u.expr),
+        Expr::Paren(p) => engine_argument(&p.expr),
+        Expr::Group(g) => engine_argument(&g.expr),
+        _ => None,
+    }
 }
 
 /// `T` in `Outcome<T>` or `idem::Outcome<T>`, by the last path segment (as `Result` is
@@ -347,7 +395,7 @@ fn classify(ty: &Type) -> Ret {
 }
 
 /// The span of an `impl Trait` inside a type, if there is one.
-fn find_impl_trait(ty: &Type) -> Option<Span> {
+pub fn find_impl_trait(ty: &Type) -> Option<Span> {
     match ty {
         Type::ImplTrait(t) => Some(t.impl_token.span),
         Type::Paren(t) => find_impl_trait(&t.elem),
@@ -479,4 +527,27 @@ fn single_type_arg<'a>(ty: &'a Type, name: &str) -> Option<&'a Type> {
         GenericArgument::Type(t) => Some(t),
         _ => None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::engine_argument;
+
+    #[test]
+    fn the_engine_argument_is_the_argument_itself_or_behind_a_reference() {
+        for (expr, arg) in [
+            (syn::parse_quote!(idem), Some("idem")),
+            (syn::parse_quote!(&idem), Some("idem")),
+            (syn::parse_quote!(&*idem), Some("idem")),
+            (syn::parse_quote!((engine)), Some("engine")),
+            (syn::parse_quote!(ctx.idem), None),
+            (syn::parse_quote!(ctx.idem()), None),
+            (syn::parse_quote!(self.idem), None),
+            (syn::parse_quote!(crate::ENGINE), None),
+        ] {
+            let expr: syn::Expr = expr;
+            let found = engine_argument(&expr).map(ToString::to_string);
+            assert_eq!(found.as_deref(), arg, "{}", quote::quote!(#expr));
+        }
+    }
 }

@@ -144,3 +144,49 @@ async fn a_replay_takes_no_row_lock() {
         sqlx::query_as(&rows).fetch_all(store.pool()).await.unwrap();
     assert_eq!(before, after, "a replay or an in-progress answer wrote");
 }
+
+/// `GET_LOCK` answers 0 when its timeout runs out: migrate then fails, saying another
+/// connection holds the lock, and creates nothing (it used to go on unlocked).
+#[tokio::test]
+async fn migrate_fails_when_another_connection_holds_its_lock() {
+    let Some(url) = url() else { return };
+    let store = unmigrated_on(&url, 2)
+        .await
+        .with_migrate_lock_timeout(Duration::from_secs(1));
+    let holder = sql_suite::pool::<sqlx::MySql>(&url, 1).await;
+    let mut conn = holder.acquire().await.unwrap();
+    let lock = format!("idem.migrate:{}", store.table());
+    let taken: i64 = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+        .bind(&lock)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(taken, 1);
+    let started = std::time::Instant::now();
+    let err = store.migrate().await.unwrap_err();
+    let shown = format!("{err}: {}", std::error::Error::source(&err).unwrap());
+    assert!(
+        shown.contains("migration lock") && shown.contains(&store.table()),
+        "{shown}"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "waited {:?}",
+        started.elapsed()
+    );
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?",
+    )
+    .bind(store.table())
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(tables, 0, "migrated without its lock");
+    // Released, the lock is taken and the table created.
+    let _: Option<i64> = sqlx::query_scalar("SELECT RELEASE_LOCK(?)")
+        .bind(&lock)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+}

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use idem_core::testing::backend_url;
 use idem_core::{Error, Fingerprint, Idem, Key, Store};
-use idem_stores::PostgresStore;
+use idem_stores::{PostgresStore, SynchronousCommit};
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 fn url() -> Option<String> {
@@ -57,6 +57,18 @@ async fn fresh() -> Option<PostgresStore> {
 }
 
 idem_core::conformance_tests!(postgres, super::fresh());
+
+/// A store whose writes set a commit level (each writing statement carries it): every
+/// behaviour again. On a server without synchronous standbys no level waits for one.
+async fn fresh_at_remote_apply() -> Option<PostgresStore> {
+    Some(
+        fresh()
+            .await?
+            .with_synchronous_commit(SynchronousCommit::RemoteApply),
+    )
+}
+
+idem_core::conformance_tests!(postgres_remote_apply, super::fresh_at_remote_apply());
 
 #[macro_use]
 #[path = "support/sql.rs"]
@@ -432,4 +444,82 @@ async fn connecting_through_a_black_hole_ends_at_the_connect_timeout() {
     support::assert_within("postgres connect", started.elapsed(), timeout);
     assert!(matches!(err, Error::Connect { .. }), "{err:?}");
     assert!(err.to_string().contains("within"), "{err}");
+}
+
+// ---- the commit level ------------------------------------------------------------------
+
+/// The level is set inside each writing statement, for its own transaction: the pool's
+/// connection keeps the server's setting, and the store costs no more round trips.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_level_is_the_statements_own_and_costs_no_round_trip() {
+    let Some(url) = url() else { return };
+    let store = fresh_on(&url, 1).await;
+    let pool = store.pool().clone();
+    let server_level: String = sqlx::query_scalar("SHOW synchronous_commit")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    // `off` differs from every server default worth running tests on.
+    let store = store.with_synchronous_commit(SynchronousCommit::Off);
+    assert_eq!(store.synchronous_commit(), Some(SynchronousCommit::Off));
+    let idem = Idem::new(store.clone());
+    let runs = AtomicU64::new(0);
+    for _ in 0..2 {
+        let v = idem
+            .call(key("level"), Fingerprint::NONE)
+            .run(|| async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                5u8
+            })
+            .await
+            .unwrap();
+        assert_eq!(v, 5);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert!(store.delete(&key("level")).await.unwrap());
+    let after: String = sqlx::query_scalar("SHOW synchronous_commit")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        after, server_level,
+        "the level leaked into the pool's session"
+    );
+
+    // The same exchanges on the wire as without a level.
+    let table = store.table();
+    let mut seen = Vec::new();
+    for (level, id) in [
+        (None, "wired"),
+        (Some(SynchronousCommit::RemoteApply), "wired-level"),
+    ] {
+        let (proxy, through) = wire::Proxy::to_server_of(&url, wire::Protocol::Postgres).await;
+        let through_pool = sql_suite::pool::<sqlx::Postgres>(&through, 1).await;
+        let mut store = PostgresStore::new(through_pool.clone())
+            .with_table(&table)
+            .unwrap();
+        if let Some(level) = level {
+            store = store.with_synchronous_commit(level);
+        }
+        let idem = Idem::new(store);
+        let first = wire::exchanges(&proxy, &idem, &through_pool, id).await;
+        let replay = wire::exchanges(&proxy, &idem, &through_pool, id).await;
+        eprintln!("level {level:?}: first call {first:?}, replay {replay:?}");
+        seen.push((first, replay));
+    }
+    assert_eq!(seen[0], seen[1], "a level changed the exchanges");
+
+    // What a store opened from a URL can use instead (the docs say so): sqlx's
+    // `options[...]` sets the level for every statement of the pool's sessions.
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let by_url = PostgresStore::builder()
+        .migrate(false)
+        .connect(&format!("{url}{sep}options[synchronous_commit]=off"))
+        .await
+        .unwrap();
+    let session: String = sqlx::query_scalar("SHOW synchronous_commit")
+        .fetch_one(by_url.pool())
+        .await
+        .unwrap();
+    assert_eq!(session, "off");
 }

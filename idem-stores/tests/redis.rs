@@ -1,170 +1,31 @@
-//! `RedisStore` against real Redis servers.
+//! `RedisStore` against real Redis servers: the conformance suite, round trips and scripts,
+//! concurrency, and bad input. Faults and outages are `redis_faults.rs`; constructors and
+//! running Redis (eviction) `redis_operations.rs`; what they share `support/redis_server.rs`.
 //!
 //! The conformance suite and the shared-server tests use `IDEM_TEST_REDIS_URL` (e.g.
-//! `redis://127.0.0.1:6379`); every key they write is in a scope of its own. The round-trip,
-//! fault, timeout and eviction tests each start a private `redis-server` on a spare
-//! 127.0.0.1 port, so that they can count its commands, stop it or freeze it without
-//! disturbing anyone; it is killed when the test ends.
+//! `redis://127.0.0.1:6379`); every key they write is in a scope of its own. The round-trip
+//! tests start a private `redis-server` on a spare 127.0.0.1 port, so that they can count
+//! its commands without disturbing anyone; it is killed when the test ends.
 //!
 //! ```text
-//! IDEM_TEST_REDIS_URL=redis://127.0.0.1:6379 cargo test -p idem-stores --features redis --test redis
+//! IDEM_TEST_REDIS_URL=redis://127.0.0.1:6379 cargo test -p idem-stores --features redis \
+//!   --test redis --test redis_faults --test redis_operations
 //! ```
 #![cfg(feature = "redis")]
 
+mod support;
+
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use idem_core::testing::{backend_url, unique_scope};
-use idem_core::{
-    Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, StoreError, Token,
-};
-use idem_stores::redis::RedisStore;
-
-const URL_VAR: &str = "IDEM_TEST_REDIS_URL";
-
-async fn shared_store() -> Option<RedisStore> {
-    let url = backend_url(URL_VAR)?;
-    Some(
-        RedisStore::open(&url)
-            .await
-            .expect("connect to IDEM_TEST_REDIS_URL"),
-    )
-}
+use idem_core::{Claim, Error, Fingerprint, Idem, InProgress, Record, Store, StoreError, Token};
+use idem_stores::RedisStore;
+use support::redis_server::{admin, key, shared_store, PrivateRedis, URL_VAR};
 
 idem_core::conformance_tests!(redis, shared_store());
-
-/// A plain connection for looking at and poking the server behind the store's back.
-async fn admin(url: &str) -> ::redis::aio::MultiplexedConnection {
-    ::redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .expect("admin connection")
-}
-
-fn key(scope: &str, id: &str) -> Key {
-    Key::new(scope, id).unwrap()
-}
-
-// --- a private redis-server -----------------------------------------------------------
-
-/// A `redis-server` this test owns: 127.0.0.1 on a spare port, nothing on disk, killed on
-/// drop.
-struct PrivateRedis {
-    child: Option<Child>,
-    port: u16,
-    dir: std::path::PathBuf,
-    extra: Vec<String>,
-}
-
-impl PrivateRedis {
-    /// Starts one, or answers `None` (skipping) when the Redis tests are not configured.
-    fn start(extra: &[&str]) -> Option<PrivateRedis> {
-        backend_url(URL_VAR)?;
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let dir =
-            std::env::temp_dir().join(format!("idem-redis-test-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut server = PrivateRedis {
-            child: None,
-            port,
-            dir,
-            extra: extra.iter().map(|s| s.to_string()).collect(),
-        };
-        server.spawn();
-        Some(server)
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    fn spawn(&mut self) {
-        assert!(self.child.is_none(), "already running");
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
-            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-            .arg("--dir")
-            .arg(&self.dir)
-            .args(&self.extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server is on PATH (the Redis tests start private servers)");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.pings() {
-            assert!(
-                Instant::now() < deadline,
-                "redis-server on port {} did not come up",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn pings(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-        let mut buf = [0u8; 7];
-        s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
-    }
-
-    /// Kills the server (as a crash would: no goodbye to its clients).
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// Freezes or thaws the server process (SIGSTOP / SIGCONT): it keeps its connections
-    /// but answers nothing.
-    fn signal(&self, signal: &str) {
-        let pid = self.child.as_ref().expect("running").id().to_string();
-        let ok = Command::new("kill")
-            .args([signal, &pid])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {signal} {pid}");
-    }
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        if self.child.is_some() {
-            let _ = self.signal_quietly("-CONT");
-        }
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-impl PrivateRedis {
-    fn signal_quietly(&self, signal: &str) -> std::io::Result<()> {
-        let pid = self
-            .child
-            .as_ref()
-            .map(|c| c.id().to_string())
-            .unwrap_or_default();
-        Command::new("kill")
-            .args([signal, &pid])
-            .status()
-            .map(|_| ())
-    }
-}
 
 /// `INFO commandstats` as command -> calls.
 async fn command_calls(conn: &mut ::redis::aio::MultiplexedConnection) -> HashMap<String, u64> {
@@ -211,7 +72,13 @@ async fn round_trips_first_call_two_replay_one() {
     let Some(server) = PrivateRedis::start(&[]) else {
         return;
     };
-    let store = RedisStore::open(&server.url()).await.unwrap();
+    // The epoch is read at most every 10 s by default: never here, so that the count is
+    // the steps' alone on a slow machine too (`redis_epoch.rs` counts the epoch's GET).
+    let store = RedisStore::builder()
+        .epoch_check_interval(Duration::from_secs(3600))
+        .open(&server.url())
+        .await
+        .unwrap();
     let idem = Idem::new(store);
     let mut admin = admin(&server.url()).await;
     let runs = AtomicU32::new(0);
@@ -300,7 +167,11 @@ async fn a_claim_sent_twice_on_the_wire_is_acquired_both_times() {
     let Some(server) = PrivateRedis::start(&[]) else {
         return;
     };
-    let store = RedisStore::open(&server.url()).await.unwrap();
+    let store = RedisStore::builder()
+        .epoch_check_interval(Duration::from_secs(3600)) // no epoch GET among the counts
+        .open(&server.url())
+        .await
+        .unwrap();
     let mut admin = admin(&server.url()).await;
     let k = key("resent", "k");
     let token = Token::random();
@@ -355,239 +226,6 @@ async fn a_claim_sent_twice_on_the_wire_is_acquired_both_times() {
         }
     }
     assert_eq!(acquired, [20, 1], "[resends of one token, own tokens]");
-}
-
-// --- faults ---------------------------------------------------------------------------
-
-/// The caller sees `Error::Store` with a temporary source: `Unavailable` carrying the
-/// client's error (a refused or dropped connection), or `Timeout`.
-fn assert_store_error(res: Result<String, Error>, what: &str) {
-    match res {
-        Err(Error::Store { key, source }) => {
-            assert!(!key.as_str().is_empty());
-            match &source {
-                StoreError::Unavailable { .. } => {
-                    let client = std::error::Error::source(&source)
-                        .expect("the client's error is kept as the source");
-                    assert!(
-                        client.downcast_ref::<::redis::RedisError>().is_some(),
-                        "{what}: the source is the redis client's error, not a string: {client:?}"
-                    );
-                }
-                StoreError::Timeout { .. } => {}
-                other => panic!("{what}: a dead server is a temporary failure, got {other:?}"),
-            }
-        }
-        other => panic!("{what}: expected Error::Store, got {other:?}"),
-    }
-}
-
-#[tokio::test]
-async fn redis_stopped_mid_run_fails_closed_and_the_same_store_recovers() {
-    let Some(server) = PrivateRedis::start(&[]) else {
-        return;
-    };
-    let server = Arc::new(Mutex::new(server));
-    let url = server.lock().unwrap().url();
-    let store = RedisStore::builder()
-        .connect_timeout(Duration::from_millis(500))
-        .command_timeout(Duration::from_secs(1))
-        .open(&url)
-        .await
-        .unwrap();
-    let idem = Idem::new(store);
-    let runs = Arc::new(AtomicU32::new(0));
-    let scope = unique_scope("redis-fault");
-
-    // Healthy: runs once.
-    let ok = idem
-        .call(key(&scope, "before"), Fingerprint::NONE)
-        .run(|| async { "v".to_string() })
-        .await;
-    assert_eq!(ok.unwrap(), "v");
-
-    // The server dies while the body runs: the result cannot be stored, the caller is told.
-    let mid = {
-        let (server, runs) = (server.clone(), runs.clone());
-        idem.call(key(&scope, "mid-run"), Fingerprint::NONE)
-            .run(|| async move {
-                runs.fetch_add(1, Ordering::SeqCst);
-                server.lock().unwrap().kill();
-                "lost".to_string()
-            })
-            .await
-    };
-    assert_store_error(mid, "the server died during the body");
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
-
-    // While it is down, bodies do not run: no claim, no run.
-    let down_key = key(&scope, "while-down");
-    for i in 0..5 {
-        let runs = runs.clone();
-        let res = idem
-            .call(down_key.clone(), Fingerprint::NONE)
-            .run(|| async move {
-                runs.fetch_add(1, Ordering::SeqCst);
-                "ran".to_string()
-            })
-            .await;
-        assert_store_error(res, &format!("call {i} while the server is down"));
-    }
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "a body ran without a claim");
-
-    // Back up (empty, its script cache too): the same store works again, within bounds.
-    server.lock().unwrap().spawn();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let value = loop {
-        let runs = runs.clone();
-        match idem
-            .call(down_key.clone(), Fingerprint::NONE)
-            .run(|| async move {
-                runs.fetch_add(1, Ordering::SeqCst);
-                "after".to_string()
-            })
-            .await
-        {
-            Ok(v) => break v,
-            Err(e) => {
-                assert_store_error(Err(e), "while reconnecting");
-                assert!(
-                    Instant::now() < deadline,
-                    "the store did not recover within 20s"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
-    assert_eq!(value, "after");
-    assert_eq!(runs.load(Ordering::SeqCst), 2);
-    let replay = idem
-        .call(down_key.clone(), Fingerprint::NONE)
-        .run(|| async { "again".to_string() })
-        .await
-        .unwrap();
-    assert_eq!(replay, "after", "replayed from the restarted server");
-}
-
-#[tokio::test]
-async fn dropped_connections_reconnect() {
-    let Some(server) = PrivateRedis::start(&[]) else {
-        return;
-    };
-    let store = RedisStore::builder()
-        .command_timeout(Duration::from_secs(1))
-        .open(&server.url())
-        .await
-        .unwrap();
-    let mut admin = admin(&server.url()).await;
-    let scope = unique_scope("redis-client-kill");
-    let k = key(&scope, "k");
-    let mut failures = 0;
-    for round in 0..5 {
-        let killed: i64 = ::redis::cmd("CLIENT")
-            .arg("KILL")
-            .arg("TYPE")
-            .arg("normal")
-            .arg("SKIPME")
-            .arg("yes")
-            .query_async(&mut admin)
-            .await
-            .unwrap();
-        assert!(
-            killed >= 1,
-            "round {round}: the store's connection was not there to kill"
-        );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            match store.get(&k).await {
-                Ok(_) => break,
-                Err(e) => {
-                    assert!(
-                        matches!(e, StoreError::Unavailable { .. }),
-                        "round {round}: a dropped connection is Unavailable: {e:?}"
-                    );
-                    failures += 1;
-                    assert!(Instant::now() < deadline, "no reconnection within 10s");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
-    }
-    // The manager reconnects; at most one call per drop may see the dropped connection.
-    assert!(
-        failures <= 5,
-        "{failures} failed calls for 5 dropped connections"
-    );
-}
-
-#[tokio::test]
-async fn a_frozen_server_times_out_within_the_command_timeout() {
-    let Some(server) = PrivateRedis::start(&[]) else {
-        return;
-    };
-    let store = RedisStore::builder()
-        .command_timeout(Duration::from_millis(300))
-        .open(&server.url())
-        .await
-        .unwrap();
-    // The engine relies on this bound instead of timing each step again.
-    assert_eq!(store.step_bound(), Some(Duration::from_millis(300)));
-    let k = key(&unique_scope("redis-frozen"), "k");
-    server.signal("-STOP");
-    let started = Instant::now();
-    let res = store
-        .claim(
-            &k,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_secs(5),
-        )
-        .await;
-    let took = started.elapsed();
-    server.signal("-CONT");
-    match res {
-        Err(StoreError::Timeout { after, .. }) => assert_eq!(after, Duration::from_millis(300)),
-        other => panic!("expected a timeout, got {other:?}"),
-    }
-    assert!(
-        took < Duration::from_secs(2),
-        "the command timeout did not bound the call: {took:?}"
-    );
-    // Thawed, the same store answers again.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while store.get(&k).await.is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "no answer after the server thawed"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-#[tokio::test]
-async fn connecting_to_nothing_is_a_bounded_connect_error() {
-    if backend_url(URL_VAR).is_none() {
-        return;
-    }
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let started = Instant::now();
-    let res = RedisStore::builder()
-        .connect_timeout(Duration::from_millis(300))
-        .open(&format!("redis://127.0.0.1:{port}"))
-        .await;
-    assert!(matches!(res, Err(Error::Connect { .. })), "{res:?}");
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "took {:?}",
-        started.elapsed()
-    );
-    // A URL that is not one is the caller's configuration, not an outage.
-    let bad = idem_stores::connect("redis://:::not a url").await;
-    assert!(matches!(bad, Err(Error::Config { .. })), "{bad:?}");
 }
 
 // --- concurrency ----------------------------------------------------------------------
@@ -767,7 +405,7 @@ async fn a_foreign_value_under_the_prefix_is_a_decode_error_naming_the_key() {
         matches!(&res, Err(Error::Decode { key, .. }) if *key == k),
         "{res:?}"
     );
-    let token = idem_core::Token(1);
+    let token = idem_core::Token::from_u64(1);
     assert!(matches!(
         store
             .complete(&k, token, idem_core::Bytes::new(), Duration::from_secs(1))
@@ -896,269 +534,4 @@ async fn prefixes_keep_stores_apart() {
         Claim::Acquired { .. }
     ));
     assert!(a.record_key(&k).starts_with("idem-test-a:"));
-}
-
-// --- constructors and operations ------------------------------------------------------
-
-#[tokio::test]
-async fn connect_by_url_and_from_a_connection_manager() {
-    let Some(url) = backend_url(URL_VAR) else {
-        return;
-    };
-    let by_url = idem_stores::connect(&url).await.unwrap();
-    let k = key(&unique_scope("redis-connect"), "k");
-    assert!(matches!(
-        by_url
-            .claim(
-                &k,
-                &Fingerprint::NONE,
-                Token::random(),
-                Duration::from_secs(30)
-            )
-            .await
-            .unwrap(),
-        Claim::Acquired { .. }
-    ));
-
-    let manager = ::redis::Client::open(url.as_str())
-        .unwrap()
-        .get_connection_manager()
-        .await
-        .unwrap();
-    let mine = RedisStore::from_connection_manager(manager).await;
-    assert!(matches!(
-        mine.claim(
-            &k,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_secs(30)
-        )
-        .await
-        .unwrap(),
-        Claim::InProgress { .. }
-    ));
-    assert!(format!("{mine:?}").contains("standalone"));
-}
-
-#[tokio::test]
-async fn a_full_noeviction_server_refuses_new_claims_and_still_replays() {
-    let Some(server) = PrivateRedis::start(&["--maxmemory-policy", "noeviction"]) else {
-        return;
-    };
-    let idem = Idem::new(RedisStore::open(&server.url()).await.unwrap());
-    let stored = key("oom", "stored");
-    let v: String = idem
-        .call(stored.clone(), Fingerprint::NONE)
-        .run(|| async { "kept".to_string() })
-        .await
-        .unwrap();
-    assert_eq!(v, "kept");
-    // Data well past the limit: a server that is over maxmemory with nothing to evict.
-    let mut admin = admin(&server.url()).await;
-    let filler = vec![b'x'; 1024];
-    for i in 0..2000 {
-        let () = ::redis::cmd("SET")
-            .arg(format!("filler{i}"))
-            .arg(&filler[..])
-            .query_async(&mut admin)
-            .await
-            .unwrap();
-    }
-    let () = ::redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg("1mb")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    let refused: Result<(), ::redis::RedisError> = ::redis::cmd("SET")
-        .arg("one-more")
-        .arg("x")
-        .query_async(&mut admin)
-        .await;
-    assert!(refused.is_err(), "the server is not full");
-    let runs = AtomicU32::new(0);
-    let res = idem
-        .call(key("oom", "new"), Fingerprint::NONE)
-        .run(|| async {
-            runs.fetch_add(1, Ordering::SeqCst);
-            "ran".to_string()
-        })
-        .await;
-    match res {
-        Err(Error::Store {
-            source: StoreError::Backend { source, .. },
-            ..
-        }) => {
-            assert!(source.to_string().contains("OOM"), "{source}");
-        }
-        other => panic!("expected Error::Store from a full server, got {other:?}"),
-    }
-    assert_eq!(runs.load(Ordering::SeqCst), 0, "a body ran without a claim");
-    let replay: String = idem
-        .call(stored, Fingerprint::NONE)
-        .run(|| async { "again".to_string() })
-        .await
-        .unwrap();
-    assert_eq!(replay, "kept", "a full server still answers replays");
-}
-
-/// Captures the `idem` warnings of one test.
-#[derive(Clone, Default)]
-struct Warnings(Arc<Mutex<Vec<String>>>);
-
-impl tracing::Subscriber for Warnings {
-    fn enabled(&self, meta: &tracing::Metadata<'_>) -> bool {
-        *meta.level() <= tracing::Level::WARN
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        struct Text(String);
-        impl tracing::field::Visit for Text {
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                self.0.push_str(&format!("{}={:?} ", field.name(), value));
-            }
-            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-                self.0.push_str(&format!("{}={} ", field.name(), value));
-            }
-        }
-        let mut text = Text(String::new());
-        event.record(&mut text);
-        self.0.lock().unwrap().push(text.0);
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
-async fn warnings_on_connect(server: &PrivateRedis) -> Vec<String> {
-    let warnings = Warnings::default();
-    let guard = tracing::subscriber::set_default(warnings.clone());
-    RedisStore::open(&server.url()).await.unwrap();
-    drop(guard);
-    let seen = warnings.0.lock().unwrap().clone();
-    seen
-}
-
-#[tokio::test(flavor = "current_thread")]
-async fn evicting_servers_are_warned_about_at_connect() {
-    let Some(volatile) =
-        PrivateRedis::start(&["--maxmemory", "100mb", "--maxmemory-policy", "volatile-lru"])
-    else {
-        return;
-    };
-    let seen = warnings_on_connect(&volatile).await;
-    assert!(
-        seen.iter()
-            .any(|w| w.contains("volatile-lru") && w.contains("noeviction")),
-        "no eviction warning for volatile-lru: {seen:?}"
-    );
-    let allkeys = PrivateRedis::start(&["--maxmemory-policy", "allkeys-lfu"]).unwrap();
-    let seen = warnings_on_connect(&allkeys).await;
-    assert!(seen.iter().any(|w| w.contains("allkeys-lfu")), "{seen:?}");
-    let safe = PrivateRedis::start(&["--maxmemory-policy", "noeviction"]).unwrap();
-    let seen = warnings_on_connect(&safe).await;
-    assert!(seen.is_empty(), "noeviction is safe, yet: {seen:?}");
-}
-
-// --- outages: every step bounded, through a proxy that black-holes or cuts ---------------
-
-mod support;
-
-/// The server's address in a `redis://` URL, and the URL with the proxy's port instead.
-fn via_proxy(url: &str, port: u16) -> (std::net::SocketAddr, String) {
-    use std::net::ToSocketAddrs;
-    let (scheme, rest) = url.split_once("://").unwrap();
-    let (auth, rest) = match rest.rsplit_once('@') {
-        Some((auth, rest)) => (format!("{auth}@"), rest),
-        None => (String::new(), rest),
-    };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (host, path) = rest.split_at(end);
-    let host = if host.contains(':') {
-        host.to_string()
-    } else {
-        format!("{host}:6379")
-    };
-    let addr = host.to_socket_addrs().unwrap().next().unwrap();
-    (addr, format!("{scheme}://{auth}127.0.0.1:{port}{path}"))
-}
-
-/// A store on the shared test server through a proxy of the test's own, and one straight.
-async fn behind_proxy() -> Option<(support::TcpProxy, Arc<dyn Store>, Arc<dyn Store>)> {
-    let url = backend_url(URL_VAR)?;
-    let (upstream, _) = via_proxy(&url, 0);
-    let proxy = support::TcpProxy::start(upstream).await;
-    let (_, through) = via_proxy(&url, proxy.port());
-    let proxied = RedisStore::open(&through).await.unwrap();
-    let direct = RedisStore::open(&url).await.unwrap();
-    Some((proxy, Arc::new(proxied), Arc::new(direct)))
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn black_holed_claim_answers_within_the_step_timeout() {
-    let Some((proxy, store, _)) = behind_proxy().await else {
-        return;
-    };
-    let k = key(&unique_scope("redis-bh-claim"), "k");
-    support::claim_when_black_holed(store, &proxy, k).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn black_holed_release_answers_within_the_step_timeout() {
-    let Some((proxy, store, _)) = behind_proxy().await else {
-        return;
-    };
-    let k = key(&unique_scope("redis-bh-release"), "k");
-    support::release_when_black_holed(store, &proxy, k).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn black_holed_extends_and_complete_answer_within_the_step_timeout() {
-    let Some((proxy, store, _)) = behind_proxy().await else {
-        return;
-    };
-    let k = key(&unique_scope("redis-bh-extend"), "k");
-    support::extend_and_complete_when_black_holed(store, &proxy, k).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_complete_black_holed_after_the_body_never_runs_it_twice_within_the_lease() {
-    let Some((proxy, store, direct)) = behind_proxy().await else {
-        return;
-    };
-    let k = key(&unique_scope("redis-bh-complete"), "k");
-    support::complete_black_holed_after_the_body(store, direct, &proxy, k).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cut_connections_fail_fast_and_the_manager_reconnects() {
-    let Some((proxy, store, _)) = behind_proxy().await else {
-        return;
-    };
-    support::cut_connections_recover(store, &proxy, &unique_scope("redis-cut")).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connecting_through_a_black_hole_is_bounded() {
-    let Some(url) = backend_url(URL_VAR) else {
-        return;
-    };
-    let (upstream, _) = via_proxy(&url, 0);
-    let proxy = support::TcpProxy::start(upstream).await;
-    proxy.black_hole();
-    let (_, through) = via_proxy(&url, proxy.port());
-    let timeout = Duration::from_millis(300);
-    let started = Instant::now();
-    let res = RedisStore::builder()
-        .connect_timeout(timeout)
-        .open(&through)
-        .await;
-    // The connection opens (the proxy accepts) but the handshake never answers: bounded
-    // by the connect timeout, tried at most three times.
-    support::assert_within("redis connect", started.elapsed(), timeout * 3);
-    assert!(matches!(res, Err(Error::Connect { .. })), "{res:?}");
 }

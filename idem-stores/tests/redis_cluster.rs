@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use idem_core::testing::{backend_url, unique_scope};
 use idem_core::{Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, Token};
-use idem_stores::redis::RedisStore;
+use idem_stores::RedisStore;
 
 const CLUSTER_VAR: &str = "IDEM_TEST_REDIS_CLUSTER";
 
@@ -356,6 +356,7 @@ async fn a_node_that_can_evict_is_named_at_connect() {
         seen.iter().any(names_the_node),
         "no warning names node {port} and its policy: {seen:?}"
     );
-    // That noeviction warns about nothing is checked on a private server in redis.rs: here
-    // other tests share the cluster and may still log warnings from their own connects.
+    // That noeviction warns about nothing is checked on a private server in
+    // redis_operations.rs: here other tests share the cluster and may still log warnings
+    // from their own connects.
 }

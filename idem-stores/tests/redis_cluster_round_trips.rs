@@ -1,6 +1,8 @@
 //! Round trips on Redis Cluster: a first call costs 2 and a replay 1, summed over every node
-//! from `INFO commandstats`. A test binary of its own, so that no other test of this process
-//! runs commands on the cluster while it counts (cargo runs test binaries one at a time).
+//! from `INFO commandstats`; with a durability level, each `WAIT` goes to the one node that
+//! ran the script. A test binary of its own, so that no other test of this process runs
+//! commands on the cluster while it counts (cargo runs test binaries one at a time; the
+//! tests here take turns through `COUNTING`).
 //!
 //! ```text
 //! IDEM_TEST_REDIS_CLUSTER=redis+cluster://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003 \
@@ -11,9 +13,14 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use std::time::Duration;
+
 use idem_core::testing::{backend_url, unique_scope};
-use idem_core::{Fingerprint, Idem, Key};
-use idem_stores::redis::RedisStore;
+use idem_core::{Error, Fingerprint, Idem, Key, Store, StoreError};
+use idem_stores::RedisStore;
+
+/// Held by each test while it counts commands.
+static COUNTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn nodes(spec: &str) -> Vec<String> {
     spec.strip_prefix("redis+cluster://")
@@ -35,22 +42,31 @@ fn nodes(spec: &str) -> Vec<String> {
 async fn command_calls(nodes: &mut [::redis::aio::MultiplexedConnection]) -> HashMap<String, u64> {
     let mut calls = HashMap::new();
     for conn in nodes {
-        let info: String = ::redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(conn)
-            .await
-            .unwrap();
-        for line in info.lines().filter_map(|l| l.strip_prefix("cmdstat_")) {
-            let Some((name, rest)) = line.split_once(':') else {
-                continue;
-            };
-            let n: u64 = rest
-                .split(',')
-                .find_map(|f| f.strip_prefix("calls="))
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0);
-            *calls.entry(name.to_string()).or_insert(0) += n;
+        for (name, n) in node_calls(conn).await {
+            *calls.entry(name).or_insert(0) += n;
         }
+    }
+    calls
+}
+
+/// `INFO commandstats` of one node: command -> calls.
+async fn node_calls(conn: &mut ::redis::aio::MultiplexedConnection) -> HashMap<String, u64> {
+    let mut calls = HashMap::new();
+    let info: String = ::redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    for line in info.lines().filter_map(|l| l.strip_prefix("cmdstat_")) {
+        let Some((name, rest)) = line.split_once(':') else {
+            continue;
+        };
+        let n: u64 = rest
+            .split(',')
+            .find_map(|f| f.strip_prefix("calls="))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        *calls.entry(name.to_string()).or_insert(0) += n;
     }
     calls
 }
@@ -79,8 +95,16 @@ async fn cluster_first_call_two_round_trips_replay_one() {
     let Some(spec) = backend_url("IDEM_TEST_REDIS_CLUSTER") else {
         return;
     };
+    let _counting = COUNTING.lock().await;
     let nodes = nodes(&spec);
-    let idem = Idem::new(RedisStore::builder().open_cluster(&nodes).await.unwrap());
+    // No epoch GET (at most every 10 s by default) among the counts.
+    let idem = Idem::new(
+        RedisStore::builder()
+            .epoch_check_interval(Duration::from_secs(3600))
+            .open_cluster(&nodes)
+            .await
+            .unwrap(),
+    );
     let mut admins = Vec::new();
     for node in &nodes {
         admins.push(
@@ -122,4 +146,93 @@ async fn cluster_first_call_two_round_trips_replay_one() {
         );
     }
     assert_eq!(runs.load(Ordering::SeqCst), 4);
+}
+
+/// With a durability level, a claim's `WAIT` goes to the primary of the key's slot, in the
+/// same pipeline as the script, and to no other node (redis-rs would send a lone `WAIT` to
+/// every primary). This cluster has no replicas, so each claim is refused (and released:
+/// a second `EVALSHA` on the same node) and its body never runs.
+#[tokio::test]
+async fn cluster_durable_claim_waits_on_its_keys_primary_alone() {
+    let Some(spec) = backend_url("IDEM_TEST_REDIS_CLUSTER") else {
+        return;
+    };
+    let _counting = COUNTING.lock().await;
+    let nodes = nodes(&spec);
+    let store = RedisStore::builder()
+        .epoch_check_interval(Duration::from_secs(3600)) // no epoch GET among the counts
+        .open_cluster(&nodes)
+        .await
+        .unwrap();
+    let idem = Idem::new(store.with_replicas(1, Duration::from_millis(20)));
+    let mut admins = Vec::new();
+    for node in &nodes {
+        admins.push(
+            ::redis::Client::open(node.as_str())
+                .unwrap()
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap(),
+        );
+    }
+    let scope = unique_scope("cluster-durable");
+    let runs = AtomicU32::new(0);
+    let mut nodes_seen = std::collections::HashSet::new();
+    for id in 0..12 {
+        let k = Key::new(&scope, id.to_string()).unwrap();
+        let mut before = Vec::new();
+        for admin in &mut admins {
+            before.push(node_calls(admin).await);
+        }
+        let err = idem
+            .call(k.clone(), Fingerprint::NONE)
+            .run(|| async {
+                runs.fetch_add(1, Ordering::SeqCst);
+            })
+            .await
+            .unwrap_err();
+        match &err {
+            Error::Store {
+                source:
+                    StoreError::NotReplicated {
+                        backend: "redis-cluster",
+                        step: "claim",
+                        acknowledged: 0,
+                        required: 1,
+                        ..
+                    },
+                ..
+            } => {}
+            other => panic!("{id}: expected NotReplicated, got {other:?}"),
+        }
+        let mut waits = Vec::new();
+        for (n, admin) in admins.iter_mut().enumerate() {
+            let (_, delta) = round_trips(&before[n], &node_calls(admin).await);
+            waits.push((
+                n,
+                delta.get("wait").copied().unwrap_or(0),
+                delta.get("evalsha").copied().unwrap_or(0),
+            ));
+        }
+        let on: Vec<_> = waits.iter().filter(|(_, w, _)| *w > 0).collect();
+        assert_eq!(on.len(), 1, "{id}: one node waited: {waits:?}");
+        let (node, wait, evalsha) = *on[0];
+        assert_eq!(
+            (wait, evalsha),
+            (1, 2),
+            "{id}: one WAIT beside the claim and its release, on the key's node: {waits:?}"
+        );
+        assert_eq!(
+            waits.iter().map(|(_, _, e)| e).sum::<u64>(),
+            2,
+            "{id}: no script ran elsewhere: {waits:?}"
+        );
+        nodes_seen.insert(node);
+        assert!(store.get(&k).await.unwrap().is_none(), "{id}: released");
+    }
+    assert!(
+        nodes_seen.len() > 1,
+        "the keys spread over the nodes: {nodes_seen:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
 }

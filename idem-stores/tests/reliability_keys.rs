@@ -133,9 +133,7 @@ fn reliability_keys_redis() {
         return;
     };
     let rt = runtime();
-    let store = rt
-        .block_on(idem_stores::redis::RedisStore::open(&url))
-        .unwrap();
+    let store = rt.block_on(idem_stores::RedisStore::open(&url)).unwrap();
     // The record key: one-to-one, and no brace from an id.
     let mut runner = TestRunner::new(Config {
         cases: 512,
@@ -176,7 +174,7 @@ fn reliability_keys_redis_cluster() {
         .collect();
     let rt = runtime();
     let store = rt
-        .block_on(idem_stores::redis::RedisStore::builder().open_cluster(nodes))
+        .block_on(idem_stores::RedisStore::builder().open_cluster(nodes))
         .unwrap();
     check("redis-cluster", Arc::new(store), &rt);
 }

@@ -288,7 +288,7 @@ async fn run_case(
                 let token = match (fresh, m.tokens[client][key]) {
                     (false, Some(t)) => t,
                     _ => {
-                        let t = Token((client as u64) << 32 | next_token);
+                        let t = Token::from_u64((client as u64) << 32 | next_token);
                         next_token += 1;
                         m.tokens[client][key] = Some(t);
                         t
@@ -387,7 +387,7 @@ async fn run_case(
                 }
             }
             Op::Complete { client, key, ttl } => {
-                let token = m.tokens[client][key].unwrap_or(Token(u64::MAX));
+                let token = m.tokens[client][key].unwrap_or(Token::from_u64(u64::MAX));
                 let payload = Bytes::from(format!("c{client}-step{i}"));
                 let got = timed!(store.complete(
                     &keys[key],
@@ -419,7 +419,7 @@ async fn run_case(
                 }
             }
             Op::Release { client, key } => {
-                let token = m.tokens[client][key].unwrap_or(Token(u64::MAX));
+                let token = m.tokens[client][key].unwrap_or(Token::from_u64(u64::MAX));
                 let got = timed!(store.release(&keys[key], token));
                 match (&m.recs[key], got) {
                     (Some(Rec::InProgress { token: t, .. }), Ok(())) if *t == token => {
@@ -439,7 +439,7 @@ async fn run_case(
                 }
             }
             Op::Extend { client, key, lease } => {
-                let token = m.tokens[client][key].unwrap_or(Token(u64::MAX));
+                let token = m.tokens[client][key].unwrap_or(Token::from_u64(u64::MAX));
                 let d = lease_of(lease, &timing);
                 let got = timed!(store.extend(&keys[key], token, d));
                 match got {
@@ -630,12 +630,26 @@ fn reliability_model_postgres() {
     });
 }
 
+#[cfg(feature = "mysql")]
+#[test]
+fn reliability_model_mysql() {
+    remote("mysql", 48, async {
+        let url = idem_core::testing::backend_url("IDEM_TEST_MYSQL_URL")?;
+        let store = idem_stores::MySqlStore::connect(&url).await.unwrap();
+        // A table (and claim procedure) of its own; every case has a scope of its own in it.
+        let table = "idem_reliability_model";
+        let store = store.with_table(table).unwrap();
+        store.migrate().await.unwrap();
+        Some(Arc::new(store) as Arc<dyn Store>)
+    });
+}
+
 #[cfg(feature = "redis")]
 #[test]
 fn reliability_model_redis() {
     remote("redis", 48, async {
         let url = idem_core::testing::backend_url("IDEM_TEST_REDIS_URL")?;
-        let store = idem_stores::redis::RedisStore::open(&url).await.unwrap();
+        let store = idem_stores::RedisStore::open(&url).await.unwrap();
         Some(Arc::new(store) as Arc<dyn Store>)
     });
 }
@@ -658,7 +672,7 @@ fn reliability_model_redis_cluster() {
                 }
             })
             .collect();
-        let store = idem_stores::redis::RedisStore::builder()
+        let store = idem_stores::RedisStore::builder()
             .open_cluster(nodes)
             .await
             .unwrap();

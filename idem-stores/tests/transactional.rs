@@ -1,9 +1,10 @@
 //! Transactional dedup (`SqlStore::mark_processed_in`, `save_result_in`) on Postgres
-//! (`IDEM_TEST_POSTGRES_URL`, skipped with a message when unset, a failure when
-//! `IDEM_REQUIRE_BACKENDS=1`) and SQLite (a temporary file, always). Each test has a table
-//! of its own (Postgres: a schema of its own, dropped at the end). The same tests are
-//! stamped for both dialects by `transactional_tests!`.
-#![cfg(all(feature = "postgres", feature = "sqlite"))]
+//! (`IDEM_TEST_POSTGRES_URL`) and MySQL/MariaDB (`IDEM_TEST_MYSQL_URL`), each skipped with a
+//! message when unset and a failure when `IDEM_REQUIRE_BACKENDS=1`, and SQLite (a temporary
+//! file, always). Each test has a table of its own (Postgres: a schema of its own, dropped
+//! at the end; MySQL: tables of their own, dropped at the end). The same tests are stamped
+//! for every dialect by `transactional_tests!`.
+#![cfg(all(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -12,13 +13,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct Fixture<D: idem_stores::Transactional> {
     pub store: idem_stores::SqlStore<D>,
     pub effects: String,
-    cleanup: Option<(String, String)>,
+    cleanup: Option<Cleanup>,
     _dir: Option<tempfile::TempDir>,
+}
+
+/// What a fixture drops at the end: a Postgres schema, or MySQL tables.
+enum Cleanup {
+    PostgresSchema { url: String, schema: String },
+    MySqlTables { url: String, tables: Vec<String> },
 }
 
 impl<D: idem_stores::Transactional> Drop for Fixture<D> {
     fn drop(&mut self) {
-        if let Some((url, schema)) = self.cleanup.take() {
+        if let Some(cleanup) = self.cleanup.take() {
             // From a thread and a connection of its own: the test's runtime is blocked
             // here, and the pool's connections belong to it.
             std::thread::spawn(move || {
@@ -28,12 +35,27 @@ impl<D: idem_stores::Transactional> Drop for Fixture<D> {
                     .unwrap();
                 rt.block_on(async {
                     use sqlx::Connection;
-                    let Ok(mut conn) = sqlx::PgConnection::connect(&url).await else {
-                        return;
-                    };
-                    let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
-                        .execute(&mut conn)
-                        .await;
+                    match cleanup {
+                        Cleanup::PostgresSchema { url, schema } => {
+                            let Ok(mut conn) = sqlx::PgConnection::connect(&url).await else {
+                                return;
+                            };
+                            let _ =
+                                sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                                    .execute(&mut conn)
+                                    .await;
+                        }
+                        Cleanup::MySqlTables { url, tables } => {
+                            let Ok(mut conn) = sqlx::MySqlConnection::connect(&url).await else {
+                                return;
+                            };
+                            for table in tables {
+                                let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
+                                    .execute(&mut conn)
+                                    .await;
+                            }
+                        }
+                    }
                 });
             })
             .join()
@@ -82,7 +104,39 @@ async fn postgres() -> Option<Fixture<sqlx::Postgres>> {
     Some(Fixture {
         store,
         effects,
-        cleanup: Some((url, schema)),
+        cleanup: Some(Cleanup::PostgresSchema { url, schema }),
+        _dir: None,
+    })
+}
+
+async fn mysql() -> Option<Fixture<sqlx::MySql>> {
+    let url = idem_core::testing::backend_url("IDEM_TEST_MYSQL_URL")?;
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(12)
+        .connect(&url)
+        .await
+        .unwrap();
+    let name = unique("idem_tx");
+    // No primary key on the effect: a second row for a message must be countable.
+    let effects = format!("`{name}_effects`");
+    sqlx::query(&format!(
+        "CREATE TABLE {effects} (message varchar(255) NOT NULL, body text NOT NULL) ENGINE=InnoDB"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let records = format!("{name}_records");
+    let store = idem_stores::MySqlStore::new(pool.clone())
+        .with_table(&records)
+        .unwrap();
+    store.migrate().await.unwrap();
+    Some(Fixture {
+        store,
+        effects: effects.clone(),
+        cleanup: Some(Cleanup::MySqlTables {
+            url,
+            tables: vec![effects, format!("`{records}`")],
+        }),
         _dir: None,
     })
 }
@@ -112,7 +166,7 @@ macro_rules! transactional_tests {
             use std::sync::Arc;
             use std::time::Duration;
 
-            use idem_core::{Claim, Delivery, Error, Fingerprint, Idem, Key, Origin, Store, Token};
+            use idem_core::{Claim, Error, Fingerprint, Idem, Key, Origin, Store, Token};
 
             const DAY: Duration = Duration::from_secs(24 * 3600);
 
@@ -125,27 +179,85 @@ macro_rules! transactional_tests {
                 let Some(f) = $fresh.await else { return };
                 let k = key("orders:0:1");
                 let mut tx = f.store.pool().begin().await.unwrap();
-                let first = f.store.mark_processed_in(&mut *tx, &k, DAY).await.unwrap();
-                assert_eq!(first, Delivery::First);
+                let first = f
+                    .store
+                    .mark_processed_in(&mut *tx, &k, Fingerprint::NONE, DAY)
+                    .await
+                    .unwrap();
+                assert_eq!(first, Origin::Ran);
                 // Within the same transaction the record is already there.
-                let again = f.store.mark_processed_in(&mut *tx, &k, DAY).await.unwrap();
-                assert_eq!(again, Delivery::Duplicate);
+                let again = f
+                    .store
+                    .mark_processed_in(&mut *tx, &k, Fingerprint::NONE, DAY)
+                    .await
+                    .unwrap();
+                assert_eq!(again, Origin::Store);
                 tx.commit().await.unwrap();
 
                 let mut tx = f.store.pool().begin().await.unwrap();
-                let later = f.store.mark_processed_in(&mut *tx, &k, DAY).await.unwrap();
-                assert_eq!(later, Delivery::Duplicate);
+                let later = f
+                    .store
+                    .mark_processed_in(&mut *tx, &k, Fingerprint::NONE, DAY)
+                    .await
+                    .unwrap();
+                assert_eq!(later, Origin::Store);
                 tx.rollback().await.unwrap();
 
                 // The lease-based path reads the same record.
                 let idem = Idem::new(f.store.clone());
                 assert!(idem.is_processed(&k).await.unwrap());
                 assert_eq!(
-                    idem.mark_processed(k.clone()).await.unwrap(),
-                    Delivery::Duplicate
+                    idem.mark_processed(k.clone(), Fingerprint::NONE)
+                        .await
+                        .unwrap(),
+                    Origin::Store
                 );
-                let ran = idem.consume(k).run(|| async {}).await.unwrap();
+                let ran = idem
+                    .consume(k, Fingerprint::NONE)
+                    .run(|| async {})
+                    .await
+                    .unwrap();
                 assert_eq!(ran.origin(), Origin::Store);
+            }
+
+            /// A reused id with another payload is `KeyReuse` in the transaction, and across
+            /// paths: the lease-based one refuses what the transaction marked, and back.
+            #[tokio::test]
+            async fn consumer_tx_refuses_a_reused_id_with_another_payload() {
+                let Some(f) = $fresh.await else { return };
+                let (a, b) = (Fingerprint::of("payload a"), Fingerprint::of("payload b"));
+                let k = key("orders:0:reuse");
+                let mut tx = f.store.pool().begin().await.unwrap();
+                assert_eq!(
+                    f.store
+                        .mark_processed_in(&mut *tx, &k, a, DAY)
+                        .await
+                        .unwrap(),
+                    Origin::Ran
+                );
+                tx.commit().await.unwrap();
+                let mut tx = f.store.pool().begin().await.unwrap();
+                assert_eq!(
+                    f.store
+                        .mark_processed_in(&mut *tx, &k, a, DAY)
+                        .await
+                        .unwrap(),
+                    Origin::Store
+                );
+                let reused = f.store.mark_processed_in(&mut *tx, &k, b, DAY).await;
+                assert!(matches!(reused, Err(Error::KeyReuse { .. })), "{reused:?}");
+                tx.rollback().await.unwrap();
+                let idem = Idem::new(f.store.clone());
+                assert!(matches!(
+                    idem.mark_processed(k.clone(), b).await,
+                    Err(Error::KeyReuse { .. })
+                ));
+                let other = key("orders:0:reuse-2");
+                idem.mark_processed(other.clone(), a).await.unwrap();
+                let mut tx = f.store.pool().begin().await.unwrap();
+                let reused = f.store.mark_processed_in(&mut *tx, &other, b, DAY).await;
+                assert!(matches!(reused, Err(Error::KeyReuse { .. })), "{reused:?}");
+                tx.rollback().await.unwrap();
             }
 
             #[tokio::test]
@@ -153,16 +265,24 @@ macro_rules! transactional_tests {
                 let Some(f) = $fresh.await else { return };
                 let k = key("orders:0:2");
                 let mut tx = f.store.pool().begin().await.unwrap();
-                let first = f.store.mark_processed_in(&mut *tx, &k, DAY).await.unwrap();
-                assert_eq!(first, Delivery::First);
+                let first = f
+                    .store
+                    .mark_processed_in(&mut *tx, &k, Fingerprint::NONE, DAY)
+                    .await
+                    .unwrap();
+                assert_eq!(first, Origin::Ran);
                 tx.rollback().await.unwrap();
 
                 let idem = Idem::new(f.store.clone());
                 assert!(!idem.is_processed(&k).await.unwrap());
                 // The redelivery does the work.
                 let mut tx = f.store.pool().begin().await.unwrap();
-                let redelivered = f.store.mark_processed_in(&mut *tx, &k, DAY).await.unwrap();
-                assert_eq!(redelivered, Delivery::First);
+                let redelivered = f
+                    .store
+                    .mark_processed_in(&mut *tx, &k, Fingerprint::NONE, DAY)
+                    .await
+                    .unwrap();
+                assert_eq!(redelivered, Origin::Ran);
                 tx.commit().await.unwrap();
                 assert!(idem.is_processed(&k).await.unwrap());
             }
@@ -173,12 +293,14 @@ macro_rules! transactional_tests {
                 let idem = Idem::new(f.store.clone());
                 let marked = key("msg-marked");
                 assert_eq!(
-                    idem.mark_processed(marked.clone()).await.unwrap(),
-                    Delivery::First
+                    idem.mark_processed(marked.clone(), Fingerprint::NONE)
+                        .await
+                        .unwrap(),
+                    Origin::Ran
                 );
                 let handled = key("msg-handled");
                 let ran = idem
-                    .consume(handled.clone())
+                    .consume(handled.clone(), Fingerprint::NONE)
                     .run(|| async {})
                     .await
                     .unwrap();
@@ -199,15 +321,27 @@ macro_rules! transactional_tests {
                 assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");
                 let mut tx = f.store.pool().begin().await.unwrap();
                 for k in [&marked, &handled] {
-                    let seen = f.store.mark_processed_in(&mut *tx, k, DAY).await.unwrap();
-                    assert_eq!(seen, Delivery::Duplicate, "{k}");
+                    let seen = f
+                        .store
+                        .mark_processed_in(&mut *tx, k, Fingerprint::NONE, DAY)
+                        .await
+                        .unwrap();
+                    assert_eq!(seen, Origin::Store, "{k}");
                 }
                 let err = f
                     .store
-                    .mark_processed_in(&mut *tx, &held, DAY)
+                    .mark_processed_in(&mut *tx, &held, Fingerprint::NONE, DAY)
                     .await
                     .unwrap_err();
-                assert!(matches!(err, Error::InProgress { .. }), "{err:?}");
+                match err {
+                    // The 30 s lease's remainder, bounded to a short hint.
+                    Error::InProgress { retry_after, .. } => assert!(
+                        retry_after > Duration::ZERO
+                            && retry_after <= idem_core::DEFAULT_RETRY_AFTER,
+                        "{retry_after:?}"
+                    ),
+                    other => panic!("expected InProgress, got {other:?}"),
+                }
                 tx.rollback().await.unwrap();
             }
 
@@ -271,8 +405,12 @@ macro_rules! transactional_tests {
                         let mut conn = f.store.pool().acquire().await.unwrap();
                         barrier.wait().await;
                         let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-                        let d = f.store.mark_processed_in(&mut *tx, &k, DAY).await.unwrap();
-                        if d == Delivery::First {
+                        let d = f
+                            .store
+                            .mark_processed_in(&mut *tx, &k, Fingerprint::NONE, DAY)
+                            .await
+                            .unwrap();
+                        if d == Origin::Ran {
                             sqlx::query(&format!(
                                 "INSERT INTO {} (message, body) VALUES ('orders:1:99', 'by {i}')",
                                 f.effects
@@ -287,7 +425,7 @@ macro_rules! transactional_tests {
                 }
                 let mut firsts = 0;
                 for t in tasks {
-                    if t.await.unwrap() == Delivery::First {
+                    if t.await.unwrap() == Origin::Ran {
                         firsts += 1;
                     }
                 }
@@ -304,3 +442,4 @@ macro_rules! transactional_tests {
 
 transactional_tests!(postgres, super::postgres());
 transactional_tests!(sqlite, super::sqlite());
+transactional_tests!(mysql, super::mysql());

@@ -3,8 +3,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(doc)]
+use super::DEFAULT_RETRY_AFTER;
 use super::{
-    Idem, InProgress, Inner, DEFAULT_LEASE, DEFAULT_STEP_TIMEOUT, DEFAULT_TTL,
+    Idem, InProgress, Inner, LeaseLoss, DEFAULT_LEASE, DEFAULT_STEP_TIMEOUT, DEFAULT_TTL,
     DEFAULT_WAIT_TIMEOUT, MAX_DURATION, MIN_DURATION,
 };
 use crate::cache::LocalCache;
@@ -13,6 +15,9 @@ use crate::error::Error;
 use crate::store::Store;
 
 /// Builds an [`Idem`]: `Idem::builder().store(s).ttl(...).build()`.
+///
+/// Every duration (`ttl`, `lease`, `wait_timeout`, `step_timeout`, `retry_after`) must lie
+/// between 1 ms and 100 years; `build` refuses one that does not.
 #[derive(Debug, Default)]
 #[must_use]
 pub struct IdemBuilder {
@@ -23,6 +28,8 @@ pub struct IdemBuilder {
     in_progress: InProgress,
     wait_timeout: Option<Duration>,
     step_timeout: Option<Duration>,
+    retry_after: Option<Duration>,
+    lease_loss: LeaseLoss,
     local_cache: Option<(usize, Duration)>,
 }
 
@@ -64,9 +71,33 @@ impl IdemBuilder {
         self
     }
 
+    /// What a running body does when its lease is lost (default [`LeaseLoss::Cancel`]: it
+    /// is dropped at its next `.await`, and the call answers
+    /// [`Error::LeaseLost`]). See [`LeaseLoss`] for what cancelling can and cannot stop.
+    pub fn lease_loss(mut self, mode: LeaseLoss) -> Self {
+        self.lease_loss = mode;
+        self
+    }
+
     /// How long a duplicate waits in [`InProgress::Wait`] mode (default 10 seconds).
     pub fn wait_timeout(mut self, timeout: Duration) -> Self {
         self.wait_timeout = Some(timeout);
+        self
+    }
+
+    /// The retry-after hint of [`Error::InProgress`], the answer to a duplicate that
+    /// arrives while the first call still runs (in [`InProgress::Reject`] mode): how long
+    /// the duplicate should wait before it tries again (a consumer requeueing the message,
+    /// an HTTP `Retry-After`). By default the smaller of [`DEFAULT_RETRY_AFTER`] (1
+    /// second) and a tenth of the call's lease. The hint is never longer than what remains
+    /// of the holder's lease (by then the key is free, or taken over), and never under
+    /// 1 ms. A call can ask for its own with [`Call::retry_after`](crate::Call::retry_after).
+    ///
+    /// It is a hint, not a promise that the first call is done by then: a retry may get
+    /// `InProgress` again. [`InProgress::Wait`] mode does not use it; a waiting duplicate
+    /// watches the record instead.
+    pub fn retry_after(mut self, hint: Duration) -> Self {
+        self.retry_after = Some(hint);
         self
     }
 
@@ -111,23 +142,22 @@ impl IdemBuilder {
         let lease = self.lease.unwrap_or(DEFAULT_LEASE);
         let wait_timeout = self.wait_timeout.unwrap_or(DEFAULT_WAIT_TIMEOUT);
         let step_timeout = self.step_timeout.unwrap_or(DEFAULT_STEP_TIMEOUT);
+        let retry_after = self.retry_after.map(|d| ("retry_after", d));
         for (name, d) in [
             ("ttl", ttl),
             ("lease", lease),
             ("wait_timeout", wait_timeout),
             ("step_timeout", step_timeout),
-        ] {
+        ]
+        .into_iter()
+        .chain(retry_after)
+        {
             if let Err(reason) = check_duration(d) {
                 return Err(Error::Config {
                     message: format!("Idem::builder(): `{name}` is {d:?}; {reason}"),
                     source: None,
                 });
             }
-        }
-        if store.backend() != "memory" {
-            // Remembered so that a function left on the implicit in-process engine is
-            // refused rather than silently unshared (see `idem::set_global`).
-            let _ = SHARED_BACKEND.set(store.backend());
         }
         Ok(Idem {
             inner: Arc::new(Inner {
@@ -138,6 +168,8 @@ impl IdemBuilder {
                 in_progress: self.in_progress,
                 wait_timeout,
                 step_timeout,
+                retry_after: self.retry_after,
+                lease_loss: self.lease_loss,
                 cache: self
                     .local_cache
                     .filter(|(capacity, _)| *capacity > 0)
@@ -146,10 +178,6 @@ impl IdemBuilder {
         })
     }
 }
-
-/// The backend of the first engine this process built on a store other than the memory
-/// store: the sign of a service whose idempotency must be shared between instances.
-pub(crate) static SHARED_BACKEND: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
 
 /// Whether a ttl, lease or timeout is within what stores and clocks can keep.
 pub(super) fn check_duration(d: Duration) -> Result<(), &'static str> {

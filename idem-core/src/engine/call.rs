@@ -1,10 +1,8 @@
 //! [`Call`]: one call's key, fingerprint and options, set one by one before it runs.
 
-use std::marker::PhantomData;
 use std::time::Duration;
 
-use super::outcome::{Answer, Bare, WithOutcome};
-use super::Idem;
+use super::{Idem, Origin, Outcome};
 use crate::codec::{BuiltinCodec, Codec};
 use crate::error::Error;
 use crate::key::Key;
@@ -18,6 +16,30 @@ pub enum InProgress {
     Reject,
     /// Wait (up to the wait timeout) for the first call's result and return it.
     Wait,
+}
+
+/// What a running body does when its lease is lost: when the store refuses to extend it
+/// (another caller took the key over), or when a whole lease passed without an extend the
+/// store confirmed. Either way the result can no longer be stored (the store takes it only
+/// from the current holder), and the key is, or may at any moment be, another caller's,
+/// whose body runs the side effect again.
+///
+/// Cancelling drops the body's future at its next `.await`: what it has not begun does not
+/// happen beside its successor. It cannot undo what already happened, stop work the body
+/// handed to a task of its own (`tokio::spawn`) or to another thread, or interrupt a
+/// blocking call; a body whose steps must not stop half-way should be cancel-safe (a
+/// database transaction not committed rolls back when dropped) or ask for
+/// [`LeaseLoss::Finish`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LeaseLoss {
+    /// Drop the body and answer [`Error::LeaseLost`] (the default).
+    #[default]
+    Cancel,
+    /// Let the body run to its end beside its successor. A lease the store fenced answers
+    /// [`Error::LeaseLost`] and stores nothing; after extends that only went unanswered,
+    /// the result is offered to the store, which takes it if the lease was in fact still
+    /// this call's. Only the fenced case is noticed while the body runs.
+    Finish,
 }
 
 /// What a call does when its key expression yields nothing (`key = req.request_id` with a
@@ -67,48 +89,78 @@ impl From<Fingerprint> for RequestPrint {
     }
 }
 
-/// One idempotent call: its key, fingerprint and options. Built by [`Idem::call`].
-///
-/// `C` is the codec of its result; `R` says what its run methods answer: the bare value
-/// ([`Bare`], the default), or an [`Outcome`](crate::Outcome) that also tells a first run
-/// from a replay ([`WithOutcome`], after [`with_outcome`](Call::with_outcome)).
+/// One idempotent call: its key, fingerprint and options. Built by [`Idem::call`]; `C` is
+/// the codec of its result. Its run methods answer the bare value;
+/// [`with_outcome`](Call::with_outcome) turns it into a [`CallWithOutcome`], whose run
+/// methods also say whether the value is a first run's or a replay.
 #[must_use = "a call does nothing until `.run(...)` is awaited"]
-pub struct Call<'a, C = BuiltinCodec, R = Bare> {
+pub struct Call<'a, C = BuiltinCodec> {
     pub(super) idem: &'a Idem,
     pub(super) key: Result<Key, Error>,
     pub(super) print: RequestPrint,
+    pub(super) options: Options,
+    pub(super) version: u64,
+    pub(super) missing_key: MissingKey,
+    pub(super) codec: C,
+}
+
+/// The options a call sets one by one; `None` leaves the engine's.
+#[derive(Clone, Copy, Default)]
+pub(super) struct Options {
     pub(super) ttl: Option<Duration>,
     pub(super) lease: Option<Duration>,
     pub(super) in_progress: Option<InProgress>,
     pub(super) wait_timeout: Option<Duration>,
-    pub(super) version: u64,
-    pub(super) missing_key: MissingKey,
-    pub(super) codec: C,
-    pub(super) answer: PhantomData<fn() -> R>,
+    pub(super) retry_after: Option<Duration>,
+    pub(super) lease_loss: Option<LeaseLoss>,
 }
 
-impl<'a, C: Codec, R: Answer> Call<'a, C, R> {
+/// A [`Call`] whose run methods answer an [`Outcome`]: the value and its
+/// [`Origin`], which tells a first run ([`Origin::Ran`]) from a replay read from the store
+/// or from the local cache. Made by [`Call::with_outcome`] (and [`Idem::consume`]); its
+/// options are the call's, set the same way.
+#[must_use = "a call does nothing until `.run(...)` is awaited"]
+pub struct CallWithOutcome<'a, C = BuiltinCodec>(pub(super) Call<'a, C>);
+
+impl<'a, C: Codec> Call<'a, C> {
     /// The time to live of this call's result.
     pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
+        self.options.ttl = Some(ttl);
         self
     }
 
     /// The lease of this call's claim.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = Some(lease);
+        self.options.lease = Some(lease);
         self
     }
 
     /// What a concurrent duplicate of this call does.
     pub fn in_progress(mut self, mode: InProgress) -> Self {
-        self.in_progress = Some(mode);
+        self.options.in_progress = Some(mode);
         self
     }
 
     /// How long this call waits for a concurrent duplicate in wait mode.
     pub fn wait_timeout(mut self, timeout: Duration) -> Self {
-        self.wait_timeout = Some(timeout);
+        self.options.wait_timeout = Some(timeout);
+        self
+    }
+
+    /// The retry-after hint of this call's [`Error::InProgress`], when it finds its key
+    /// held by another call that still runs (the engine's
+    /// [`retry_after`](crate::IdemBuilder::retry_after) otherwise): never beyond what
+    /// remains of the holder's lease, never under 1 ms.
+    pub fn retry_after(mut self, hint: Duration) -> Self {
+        self.options.retry_after = Some(hint);
+        self
+    }
+
+    /// What this call's body does if its lease is lost while it runs (the engine's
+    /// [`lease_loss`](crate::IdemBuilder::lease_loss) otherwise, by default
+    /// [`LeaseLoss::Cancel`]).
+    pub fn lease_loss(mut self, mode: LeaseLoss) -> Self {
+        self.options.lease_loss = Some(mode);
         self
     }
 
@@ -130,28 +182,24 @@ impl<'a, C: Codec, R: Answer> Call<'a, C, R> {
     }
 
     /// The codec of this call's result.
-    pub fn codec<C2: Codec>(self, codec: C2) -> Call<'a, C2, R> {
+    pub fn codec<C2: Codec>(self, codec: C2) -> Call<'a, C2> {
         Call {
             idem: self.idem,
             key: self.key,
             print: self.print,
-            ttl: self.ttl,
-            lease: self.lease,
-            in_progress: self.in_progress,
-            wait_timeout: self.wait_timeout,
+            options: self.options,
             version: self.version,
             missing_key: self.missing_key,
             codec,
-            answer: PhantomData,
         }
     }
 
-    /// Makes the run methods answer an [`Outcome`](crate::Outcome): the value and its
-    /// [`Origin`](crate::Origin), which tells a first run ([`Origin::Ran`](crate::Origin::Ran))
-    /// from a replay read from the store or from the local cache. A fallible body answers
-    /// `Result<Outcome<T>, E>`; its `Err` is the body's own error or idem's (with
-    /// [`run_caching_errors`](Call::run_caching_errors), a replayed error is an `Err` too,
-    /// and carries no origin).
+    /// This call, answering an [`Outcome`]: the value and its [`Origin`], which tells a
+    /// first run ([`Origin::Ran`]) from a replay read from the store or from the local
+    /// cache. A fallible body answers `Result<Outcome<T>, E>`; its `Err` is the body's own
+    /// error or idem's (with
+    /// [`run_caching_errors`](CallWithOutcome::run_caching_errors), a replayed error is an
+    /// `Err` too, and carries no origin).
     ///
     /// ```
     /// # use idem::{Fingerprint, Idem, Key, MemoryStore, Origin};
@@ -166,19 +214,90 @@ impl<'a, C: Codec, R: Answer> Call<'a, C, R> {
     /// assert_eq!((again.origin(), again.is_replay()), (Origin::Store, true));
     /// # Ok(()) }
     /// ```
-    pub fn with_outcome(self) -> Call<'a, C, WithOutcome> {
-        Call {
-            idem: self.idem,
-            key: self.key,
-            print: self.print,
-            ttl: self.ttl,
-            lease: self.lease,
-            in_progress: self.in_progress,
-            wait_timeout: self.wait_timeout,
-            version: self.version,
-            missing_key: self.missing_key,
-            codec: self.codec,
-            answer: PhantomData,
+    pub fn with_outcome(self) -> CallWithOutcome<'a, C> {
+        CallWithOutcome(self)
+    }
+}
+
+/// The option setters of a [`CallWithOutcome`]: the [`Call`]'s.
+macro_rules! forward_options {
+    ($($(#[$doc:meta])* $name:ident($arg:ident: $ty:ty);)*) => {$(
+        $(#[$doc])*
+        pub fn $name(self, $arg: $ty) -> Self {
+            CallWithOutcome(self.0.$name($arg))
         }
+    )*};
+}
+
+impl<'a, C: Codec> CallWithOutcome<'a, C> {
+    forward_options! {
+        /// The time to live of this call's result: see [`Call::ttl`].
+        ttl(ttl: Duration);
+        /// The lease of this call's claim: see [`Call::lease`].
+        lease(lease: Duration);
+        /// What a concurrent duplicate of this call does: see [`Call::in_progress`].
+        in_progress(mode: InProgress);
+        /// How long this call waits for a concurrent duplicate: see [`Call::wait_timeout`].
+        wait_timeout(timeout: Duration);
+        /// The retry-after hint of this call's [`Error::InProgress`]: see [`Call::retry_after`].
+        retry_after(hint: Duration);
+        /// What the body does if its lease is lost: see [`Call::lease_loss`].
+        lease_loss(mode: LeaseLoss);
+        /// The version of this call's result format: see [`Call::version`].
+        version(version: u64);
+        /// What the call does when its key is missing: see [`Call::missing_key`].
+        missing_key(mode: MissingKey);
+    }
+
+    /// The codec of this call's result: see [`Call::codec`].
+    pub fn codec<C2: Codec>(self, codec: C2) -> CallWithOutcome<'a, C2> {
+        CallWithOutcome(self.0.codec(codec))
+    }
+}
+
+/// What the run methods of a kind of call answer for a value `T`: `T` for a [`Call`],
+/// `Outcome<T>` for a [`CallWithOutcome`]. Not a public API: it lets the engine's run
+/// functions, and `#[idempotent]`'s expansion, take either kind of call. It has no
+/// lifetime of its own (the call's is reached through `Self: 'a`), so that a future with
+/// this bound stays `Send` where a spawned task needs it to be.
+#[doc(hidden)]
+pub trait Answers: Sized {
+    /// The codec of the call's result.
+    type Codec: Codec;
+    /// The answer for a value `T`.
+    type Out<T>;
+    /// The call itself.
+    fn into_call<'a>(self) -> Call<'a, Self::Codec>
+    where
+        Self: 'a;
+    /// The answer for `value`, which came from `origin`.
+    fn answer<T>(value: T, origin: Origin) -> Self::Out<T>;
+}
+
+impl<C: Codec> Answers for Call<'_, C> {
+    type Codec = C;
+    type Out<T> = T;
+    fn into_call<'a>(self) -> Call<'a, C>
+    where
+        Self: 'a,
+    {
+        self
+    }
+    fn answer<T>(value: T, _: Origin) -> T {
+        value
+    }
+}
+
+impl<C: Codec> Answers for CallWithOutcome<'_, C> {
+    type Codec = C;
+    type Out<T> = Outcome<T>;
+    fn into_call<'a>(self) -> Call<'a, C>
+    where
+        Self: 'a,
+    {
+        self.0
+    }
+    fn answer<T>(value: T, origin: Origin) -> Outcome<T> {
+        Outcome::new(value, origin)
     }
 }

@@ -6,16 +6,39 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::observe::StoreClock;
-use super::step::{step, store_error, wait_step};
-use super::{InProgress, MIN_DURATION};
+use super::step::{wait_step, Steps};
+use super::{retry_hint, InProgress, MIN_DURATION};
 use crate::error::Error;
-use crate::key::Key;
-use crate::store::{Claim, Fingerprint, Store, Token};
+use crate::store::{Claim, Fingerprint, Token};
 
 /// Longest pause between two claims of a waiting caller on a store that does not wake waiters.
 const MAX_POLL: Duration = Duration::from_millis(250);
 const FIRST_POLL: Duration = Duration::from_millis(5);
+
+/// The pauses of a waiting caller on a store that does not wake waiters: 5 ms doubling to
+/// 250 ms, each one drawn within a quarter of that either way, so that duplicates that
+/// began waiting together do not poll the store in lockstep.
+pub(super) struct Polls {
+    next: Duration,
+}
+
+impl Polls {
+    pub(super) fn new() -> Self {
+        Polls { next: FIRST_POLL }
+    }
+
+    /// The next pause, from `random` (any 64 bits): within 75% to 125% of its step in the
+    /// doubling schedule.
+    pub(super) fn next(&mut self, random: u64) -> Duration {
+        let base = self.next;
+        self.next = (base * 2).min(MAX_POLL);
+        // `random` as a fraction of 2^64, scaled to half the base: the jitter's range.
+        let half = base.as_nanos() / 2;
+        let offset = (u128::from(random) * half) >> 64;
+        let nanos = base.as_nanos() - half / 2 + offset;
+        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+}
 
 /// What the claim left the call with.
 pub(super) enum Claimed {
@@ -28,20 +51,13 @@ pub(super) enum Claimed {
     },
 }
 
-/// Claims `key`, and in [`InProgress::Wait`] mode waits (up to `wait_timeout`) while another
-/// call holds it. A fingerprint that does not match the holder's is [`Error::KeyReuse`].
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn claim_or_wait(
-    store: &dyn Store,
-    clock: &StoreClock,
-    step_timeout: Duration,
-    key: &Key,
-    fp: Fingerprint,
-    lease: Duration,
-    mode: InProgress,
-    wait_timeout: Duration,
-) -> Result<Claimed, Error> {
-    let mut poll = FIRST_POLL;
+/// Claims the call's key, and in [`InProgress::Wait`] mode waits (up to its wait timeout)
+/// while another call holds it. A fingerprint that does not match the holder's is
+/// [`Error::KeyReuse`]. In [`InProgress::Reject`] mode the answer is [`Error::InProgress`],
+/// its hint bounded by [`retry_hint`].
+pub(super) async fn claim_or_wait(call: &Steps<'_>) -> Result<Claimed, Error> {
+    let (store, key, fp, lease) = (call.store, call.key, call.fingerprint, call.lease);
+    let mut polls = Polls::new();
     let mut started = None;
     // One token for the whole call: a claim the store answered but whose reply was lost
     // and that is sent again (by a retrying client) is then recognised as this call's.
@@ -51,16 +67,11 @@ pub(super) async fn claim_or_wait(
         // before this instant plus `lease`.
         let sent_at = Instant::now();
         let started = *started.get_or_insert(sent_at);
-        let claim = step(
-            store,
-            clock,
-            "claim",
-            step_timeout,
-            store.claim(key, &fp, ours, lease),
-        )
-        .await
-        .map_err(|source| store_error(key, source))?;
-        match claim {
+        let claim = call
+            .run("claim", store.claim(key, &fp, ours, lease))
+            .await
+            .map_err(|source| call.error(source))?;
+        let (fingerprint, remaining) = match claim {
             Claim::Acquired { token, recovered } => {
                 if recovered {
                     tracing::warn!(target: "idem", key = %key, token = %token,
@@ -89,38 +100,80 @@ pub(super) async fn claim_or_wait(
             Claim::InProgress {
                 fingerprint,
                 retry_after,
-            } => {
-                if !fp.matches(&fingerprint) {
-                    return Err(Error::KeyReuse { key: key.clone() });
-                }
-                if mode == InProgress::Reject {
-                    return Err(Error::InProgress {
-                        key: key.clone(),
-                        retry_after,
-                    });
-                }
-                let waited = started.elapsed();
-                if waited >= wait_timeout {
-                    return Err(Error::WaitTimeout {
-                        key: key.clone(),
-                        waited,
-                    });
-                }
-                let left = wait_timeout - waited;
-                let pause = if store.capabilities().wakes_waiters {
-                    // Woken on change; the lease end is the latest useful look.
-                    retry_after.max(MIN_DURATION).min(left)
-                } else {
-                    poll.min(retry_after.max(MIN_DURATION)).min(left)
-                };
-                poll = (poll * 2).min(MAX_POLL);
-                tracing::trace!(target: "idem", key = %key, ?pause, "waiting for the holder");
-                // The store's wait is told to return within `pause`; the step timeout
-                // on top bounds one that does not.
-                wait_step(store, clock, pause + step_timeout, store.wait(key, pause))
-                    .await
-                    .map_err(|source| store_error(key, source))?;
-            }
+            } => (fingerprint, retry_after),
+        };
+        if !fp.matches(&fingerprint) {
+            return Err(Error::KeyReuse { key: key.clone() });
         }
+        if call.mode == InProgress::Reject {
+            // The store answers the holder's remaining lease; the hint is shorter, as a
+            // holder usually finishes long before its lease ends.
+            return Err(Error::InProgress {
+                key: key.clone(),
+                retry_after: retry_hint(call.retry_after, lease, remaining),
+            });
+        }
+        let waited = started.elapsed();
+        if waited >= call.wait_timeout {
+            return Err(Error::WaitTimeout {
+                key: key.clone(),
+                waited,
+            });
+        }
+        let left = call.wait_timeout - waited;
+        // Woken on change, the lease end is the latest useful look; else the next poll.
+        let pause = if store.capabilities().wakes_waiters {
+            remaining.max(MIN_DURATION).min(left)
+        } else {
+            let poll = polls.next(Token::random().0);
+            poll.min(remaining.max(MIN_DURATION)).min(left)
+        };
+        tracing::trace!(target: "idem", key = %key, ?pause, "waiting for the holder");
+        // The store's wait is told to return within `pause`; the step timeout on top bounds
+        // one that does not.
+        let limit = pause + call.step_timeout;
+        wait_step(store, call.clock, limit, store.wait(key, pause))
+            .await
+            .map_err(|source| call.error(source))?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The schedule of one waiter: its first `n` pauses.
+    fn schedule(n: usize) -> Vec<Duration> {
+        let mut polls = Polls::new();
+        (0..n).map(|_| polls.next(Token::random().0)).collect()
+    }
+
+    #[test]
+    fn waiters_poll_on_schedules_of_their_own_within_a_quarter_of_the_doubling_one() {
+        let (a, b) = (schedule(10), schedule(10));
+        assert_ne!(a, b, "two waiters polled in lockstep");
+        let mut base = FIRST_POLL;
+        for (x, y) in a.iter().zip(&b) {
+            for pause in [x, y] {
+                assert!(
+                    *pause >= base * 3 / 4 && *pause <= base * 5 / 4,
+                    "{pause:?} is not within 25% of {base:?}"
+                );
+            }
+            base = (base * 2).min(MAX_POLL);
+        }
+        // Past the doubling, the pauses still differ from one poll to the next.
+        assert!(a[8..]
+            .iter()
+            .all(|p| *p >= MAX_POLL * 3 / 4 && *p <= MAX_POLL * 5 / 4));
+    }
+
+    #[test]
+    fn the_jitter_reaches_both_ends_of_its_range_and_never_beyond() {
+        let mut low = Polls::new();
+        let mut high = Polls::new();
+        assert_eq!(low.next(0), FIRST_POLL * 3 / 4);
+        let top = high.next(u64::MAX);
+        assert!(top < FIRST_POLL * 5 / 4 && top > FIRST_POLL * 5 / 4 - Duration::from_micros(1));
     }
 }

@@ -8,14 +8,13 @@ use bytes::Bytes;
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
-use super::observe::StoreClock;
-use super::step::{step, store_error};
+use super::step::{step, store_error, Steps};
 use crate::codec::Codec;
 use crate::digest;
 use crate::envelope::{self, Kind};
 use crate::error::{BoxError, DecodeError, Error, StoreError};
 use crate::key::Key;
-use crate::store::{Store, Token};
+use crate::store::Token;
 
 /// The first pause between two attempts to store a result; it doubles up to
 /// `MAX_COMPLETE_BACKOFF`. Attempts go on while the lease runs: past it, the result could
@@ -72,17 +71,13 @@ where
 /// attempt anyway; the caller then sees `Error::Store` and the record stays unfinished until
 /// its lease ends. The first attempt is always made, since an extend whose answer was lost
 /// may have kept the lease alive.
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn store_result(
-    store: &dyn Store,
-    clock: &StoreClock,
-    step_timeout: Duration,
-    key: &Key,
+    call: &Steps<'_>,
     token: Token,
     sealed: &Bytes,
-    ttl: Duration,
     lease_ends: Instant,
 ) -> Result<(), Error> {
+    let (store, key, step_timeout) = (call.store, call.key, call.step_timeout);
     let mut attempt = 1u32;
     let mut backoff = FIRST_COMPLETE_BACKOFF;
     loop {
@@ -92,14 +87,8 @@ pub(super) async fn store_result(
         } else {
             step_timeout.min(left)
         };
-        let res = step(
-            store,
-            clock,
-            "complete",
-            limit,
-            store.complete(key, token, sealed.clone(), ttl),
-        )
-        .await;
+        let complete = store.complete(key, token, sealed.clone(), call.ttl);
+        let res = step(store, call.clock, "complete", limit, complete).await;
         match res {
             Ok(()) => return Ok(()),
             Err(StoreError::Fenced) => {

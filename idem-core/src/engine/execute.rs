@@ -1,44 +1,73 @@
 //! The state machine every run goes through, top to bottom: key, options, local cache,
 //! claim (or replay, or wait), the body under a heartbeat, then release or check and store.
+//! It answers what happened ([`Happened`]); the span's outcome, the metric's label and the
+//! run method's answer are each read from that.
 
 use std::future::Future;
 
 use serde::{de::DeserializeOwned, Serialize};
 
 use super::builder::check_duration;
+use super::call::Options;
 use super::claim::{claim_or_wait, Claimed};
 use super::complete::{check_round_trip, decode, store_result, ErrorPolicy, ValueOps};
 use super::heartbeat::with_heartbeat;
 use super::observe::{count_call, outcome_label, InFlight, StoreClock};
 use super::release::ReleaseGuard;
-use super::{Call, MissingKey, Origin, RequestPrint};
+use super::step::Steps;
+use super::{Call, Inner, MissingKey, Origin, RequestPrint};
 use bytes::Bytes;
+use std::sync::Arc;
+use tokio::time::Instant;
+
+use crate::cache::LocalCache;
+use crate::store::{Store, Token};
 
 use crate::codec::Codec;
 use crate::envelope::{self, Kind};
 use crate::error::Error;
 use crate::key::{shown, Key};
+use crate::store::Fingerprint;
 use tracing::Instrument;
 
-/// What a run ends with: the body's outcome (or the stored one) and where it came from, or
-/// idem's own error.
-type Executed<T, E> = Result<(Result<T, E>, Origin), Error>;
+/// What a call did, with the outcome it answers (the body's, or the one stored).
+pub(super) enum Happened<T, E> {
+    /// This call ran the body and stored its outcome: a value, or an error to keep.
+    Ran(Result<T, E>),
+    /// This call ran the body, which failed with an error not to keep: the claim was given
+    /// back, so that a retry runs the body again.
+    Released(E),
+    /// The key was missing and the call ran the body without idempotency
+    /// ([`MissingKey::Run`]).
+    Unkeyed(Result<T, E>),
+    /// Another call's stored outcome, read from the store.
+    Replayed(Result<T, E>),
+    /// Another call's stored outcome, from the engine's local cache.
+    ReplayedLocal(Result<T, E>),
+}
 
-impl<C: Codec, R> Call<'_, C, R> {
+impl<T, E> Happened<T, E> {
+    /// The outcome, and where it came from.
+    pub(super) fn into_parts(self) -> (Result<T, E>, Origin) {
+        match self {
+            Happened::Ran(out) | Happened::Unkeyed(out) => (out, Origin::Ran),
+            Happened::Released(e) => (Err(e), Origin::Ran),
+            Happened::Replayed(out) => (out, Origin::Store),
+            Happened::ReplayedLocal(out) => (out, Origin::LocalCache),
+        }
+    }
+}
+
+impl<C: Codec> Call<'_, C> {
     /// Runs the call inside its `idem.call` span (entered around the body too, so that the
     /// body's own spans nest under it), and records its outcome, its time in the store and,
     /// with `metrics`, its counters.
-    ///
-    /// `finish` turns the result into what the run method answers, inside this one future:
-    /// the run methods are plain functions that return it, so that a call is not a tower of
-    /// futures each holding a copy of the one below it.
-    pub(super) async fn execute<T, E, F, Fut, P, O>(
+    pub(super) async fn execute<T, E, F, Fut, P>(
         self,
         body: F,
         policy: P,
         ops: ValueOps<T>,
-        finish: impl FnOnce(Result<(Result<T, E>, Origin), Error>) -> O,
-    ) -> O
+    ) -> Result<Happened<T, E>, Error>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
@@ -70,37 +99,40 @@ impl<C: Codec, R> Call<'_, C, R> {
             }
         }
         let _in_flight = InFlight::start();
-        let (mut released, mut unkeyed) = (false, false);
         let clock = StoreClock::for_span(&span);
-        let res = match span.in_scope(|| self.local_hit(&policy, &ops)) {
-            Some(res) => res,
+        let happened = match span.in_scope(|| self.local_hit(&policy, &ops)) {
+            Some(hit) => hit,
             None => {
-                self.execute_in_span(body, policy, ops, &clock, &mut released, &mut unkeyed)
-                    .instrument(span.clone())
-                    .await
+                let run = self.execute_in_span(body, policy, ops, &clock);
+                run.instrument(span.clone()).await
             }
         };
-        let outcome = outcome_label(&res, released, unkeyed);
+        let outcome = outcome_label(&happened);
         if !span.is_disabled() {
             span.record("outcome", outcome);
             span.record("store_seconds", clock.total().as_secs_f64());
         }
         count_call(scope, outcome);
-        finish(res)
+        happened
     }
 
     /// The answer of the local cache, when it has the key: checked before anything else is
     /// built, so that a hit costs a lookup and a clone of the decoded value (or, for a type
     /// that cannot be kept decoded, a decode). `None` sends the call on to the store (also
     /// when an option is invalid: the full path refuses it).
-    fn local_hit<T, E, P>(&self, policy: &P, ops: &ValueOps<T>) -> Option<Executed<T, E>>
+    fn local_hit<T, E, P>(
+        &self,
+        policy: &P,
+        ops: &ValueOps<T>,
+    ) -> Option<Result<Happened<T, E>, Error>>
     where
         T: DeserializeOwned,
         P: ErrorPolicy<E>,
     {
         let cache = self.idem.inner.cache.as_ref()?;
         let key = self.key.as_ref().ok()?;
-        let options = [self.ttl, self.lease, self.wait_timeout];
+        let o = &self.options;
+        let options = [o.ttl, o.lease, o.wait_timeout, o.retry_after];
         if !options
             .into_iter()
             .flatten()
@@ -124,25 +156,22 @@ impl<C: Codec, R> Call<'_, C, R> {
             // call's), so that a hit answers what the store would have.
             let header = envelope::open(&self.codec, self.version, &hit.payload);
             if let (Ok((Kind::Value, _)), Some(v)) = (header, (share.clone_out)(shared)) {
-                return Some(Ok((Ok(v), Origin::LocalCache)));
+                return Some(Ok(Happened::ReplayedLocal(Ok(v))));
             }
         }
         let out = decode(&self.codec, policy, self.version, key.clone(), &hit.payload);
-        Some(out.map(|out| (out, Origin::LocalCache)))
+        Some(out.map(Happened::ReplayedLocal))
     }
 
-    /// Runs the call: the body's outcome (or the stored one) and where it came from, or
-    /// idem's own error. Sets `released` when the body failed and its claim was given back,
-    /// `unkeyed` when the body ran without a key.
+    /// Runs the call past the local cache: the claim, then a replay (another call's stored
+    /// outcome) or a first run.
     async fn execute_in_span<T, E, F, Fut, P>(
         self,
         body: F,
         policy: P,
         ops: ValueOps<T>,
         clock: &StoreClock,
-        released: &mut bool,
-        unkeyed: &mut bool,
-    ) -> Result<(Result<T, E>, Origin), Error>
+    ) -> Result<Happened<T, E>, Error>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
@@ -154,118 +183,188 @@ impl<C: Codec, R> Call<'_, C, R> {
             Err(Error::MissingKey { scope }) if self.missing_key == MissingKey::Run => {
                 tracing::warn!(target: "idem", scope = %scope,
                     "no idempotency key for this call: running it without idempotency");
-                *unkeyed = true;
-                return Ok((body().await, Origin::Ran));
+                return Ok(Happened::Unkeyed(body().await));
             }
             Err(e) => return Err(e),
         };
         let inner = &*self.idem.inner;
-        let ttl = self.ttl.unwrap_or(inner.ttl);
-        let lease = self.lease.unwrap_or(inner.lease);
-        let mode = self.in_progress.unwrap_or(inner.in_progress);
-        let wait_timeout = self.wait_timeout.unwrap_or(inner.wait_timeout);
-        for (option, d) in [
-            ("ttl", ttl),
-            ("lease", lease),
-            ("wait_timeout", wait_timeout),
-        ] {
-            if let Err(reason) = check_duration(d) {
-                return Err(Error::InvalidOption {
-                    key,
-                    option,
-                    reason: format!("{d:?}: {reason}"),
-                });
-            }
-        }
-        let (fp, version, codec) = (self.print.fingerprint(), self.version, &self.codec);
+        let fingerprint = self.print.fingerprint();
+        let call = self.options.resolve(inner, &key, fingerprint, clock)?;
         // What the local cache keeps of this payload: its encoding, when the call holds it.
         let request = match (&inner.cache, self.print) {
             (Some(_), RequestPrint::Encoded(encoding)) => Some(Bytes::from(encoding)),
             _ => None,
         };
-        let (store, step_timeout) = (&*inner.store, inner.step_timeout);
-
-        let claimed = claim_or_wait(
-            store,
-            clock,
-            step_timeout,
-            &key,
-            fp,
-            lease,
-            mode,
-            wait_timeout,
-        );
-        let (token, leased_at) = match claimed.await? {
-            Claimed::Ours { token, leased_at } => (token, leased_at),
+        let results = Results {
+            codec: &self.codec,
+            version: self.version,
+            policy,
+            ops,
+            cache: inner.cache.as_ref().map(|cache| (cache, request)),
+        };
+        match claim_or_wait(&call).await? {
             Claimed::Completed {
                 fingerprint,
                 payload,
             } => {
-                let out = decode(codec, &policy, version, key.clone(), &payload)?;
-                if let Some(cache) = &inner.cache {
-                    let value = ops.keep(&out);
-                    cache.insert(key, fingerprint, request, payload, value, ttl);
-                }
-                return Ok((out, Origin::Store));
+                let out = results.decode(&key, &payload)?;
+                results.keep(&call, fingerprint, payload, &out);
+                Ok(Happened::Replayed(out))
             }
+            // Boxed, so that the future of a replay, which never gets there, stays small
+            // (moving a large future costs a replay more than this allocation costs a run).
+            Claimed::Ours { token, leased_at } => {
+                let (store, claim) = (inner.store.clone(), (token, leased_at));
+                Box::pin(first_run(&call, results, store, claim, body)).await
+            }
+        }
+    }
+}
+
+/// What a call does with an outcome: its codec and result version, which errors it keeps,
+/// what it knows of the value's type, and the local cache (with what it keeps of the
+/// payload), if the engine has one.
+struct Results<'c, C, P, T> {
+    codec: &'c C,
+    version: u64,
+    policy: P,
+    ops: ValueOps<T>,
+    cache: Option<(&'c LocalCache, Option<Bytes>)>,
+}
+
+impl<C: Codec, P, T: Serialize + DeserializeOwned> Results<'_, C, P, T> {
+    /// A stored outcome, decoded.
+    fn decode<E>(&self, key: &Key, payload: &[u8]) -> Result<Result<T, E>, Error>
+    where
+        P: ErrorPolicy<E>,
+    {
+        decode(self.codec, &self.policy, self.version, key.clone(), payload)
+    }
+
+    /// The body's outcome sealed, and checked to come back unchanged through the codec:
+    /// the bytes to store and the outcome as decoded from them.
+    fn seal<E>(&self, key: &Key, out: Result<T, E>) -> Result<(Bytes, Result<T, E>), Error>
+    where
+        P: ErrorPolicy<E>,
+    {
+        let (codec, policy, version) = (self.codec, &self.policy, self.version);
+        let sealed = match &out {
+            Ok(value) => envelope::seal(codec, Kind::Value, version, value),
+            Err(e) => policy.seal(codec, version, e),
         };
+        check_round_trip(codec, policy, version, key, out, sealed, self.ops.eq)
+    }
 
-        // A first run: boxed, so that the future of a replay, which never gets here, stays
-        // small (moving a large future costs a replay more than this allocation costs a run).
-        Box::pin(async move {
-            // From here until the record is completed or released, dropping this future (or
-            // a panic in the body) releases the claim in the background.
-            let mut guard =
-                ReleaseGuard::new(inner.store.clone(), step_timeout, key.clone(), token);
-            let beat = with_heartbeat(
-                store,
-                clock,
-                step_timeout,
-                &key,
-                token,
-                lease,
-                leased_at,
-                body(),
-            )
-            .await;
+    /// Keeps a stored outcome in the local cache, if there is one.
+    fn keep<E>(
+        &self,
+        call: &Steps<'_>,
+        fingerprint: Fingerprint,
+        payload: Bytes,
+        out: &Result<T, E>,
+    ) {
+        if let Some((cache, request)) = &self.cache {
+            let value = self.ops.keep(out);
+            let key = call.key.clone();
+            cache.insert(key, fingerprint, request.clone(), payload, value, call.ttl);
+        }
+    }
+}
 
-            let sealed = match &beat.out {
-                Ok(value) => envelope::seal(codec, Kind::Value, version, value),
-                Err(e) if policy.cache(e) => policy.seal(codec, version, e),
-                Err(_) => {
-                    guard.release(clock).await;
-                    *released = true;
-                    return Ok((beat.out, Origin::Ran));
-                }
-            };
-            // The body succeeded (or failed in a way to keep): from here on a release would
-            // invite a second run of its side effect. If the result is not stored, the claim
-            // ends with its lease instead, also when this future is dropped mid-way.
-            guard.disarm();
-            let (sealed, out) =
-                check_round_trip(codec, &policy, version, &key, beat.out, sealed, ops.eq)?;
-            if beat.lost {
-                return Err(Error::LeaseLost { key });
+/// A first run, under the claim `(token, leased_at)`: the body under a heartbeat, then the
+/// claim given back (an error not to keep) or the outcome checked and stored. It owns
+/// `results`, so that its future is `Send` whenever they are (a predicate of the errors to
+/// keep need not be `Sync`).
+async fn first_run<C, T, E, F, Fut, P>(
+    call: &Steps<'_>,
+    results: Results<'_, C, P, T>,
+    store: Arc<dyn Store>,
+    (token, leased_at): (Token, Instant),
+    body: F,
+) -> Result<Happened<T, E>, Error>
+where
+    C: Codec,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    T: Serialize + DeserializeOwned,
+    P: ErrorPolicy<E>,
+{
+    let key = call.key;
+    // From here until the record is completed or released, dropping this future (or a panic
+    // in the body) releases the claim in the background.
+    let mut guard = ReleaseGuard::new(store, call.step_timeout, key.clone(), token);
+    let beat = with_heartbeat(call, token, leased_at, body()).await;
+    let Some(out) = beat.out else {
+        // The lease was lost and the body dropped before its end: the key is another
+        // caller's, or may be at any moment, so there is nothing of ours to give back.
+        guard.disarm();
+        return Err(Error::LeaseLost { key: key.clone() });
+    };
+
+    // The body has run. Only an error it returned, and that is not one to keep, gives the
+    // claim back. Asking whether to keep it runs the user's predicate: a panic there keeps
+    // the claim, as an error that cannot be judged may be one whose effect happened.
+    let out = match out {
+        Err(e) if !guard.held_while(|| results.policy.cache(&e)) => {
+            guard.release(call.clock).await;
+            return Ok(Happened::Released(e));
+        }
+        out => out,
+    };
+    // The body succeeded (or failed in a way to keep): from here on a release would invite
+    // a second run of its side effect. If the outcome is not stored, the claim ends with its
+    // lease instead: also when sealing it fails or panics (its `Serialize`, the codec), and
+    // when this future is dropped mid-way.
+    guard.disarm();
+    let (sealed, out) = results.seal(key, out)?;
+    if beat.lost {
+        return Err(Error::LeaseLost { key: key.clone() });
+    }
+    store_result(call, token, &sealed, beat.leased_at + call.lease).await?;
+    tracing::debug!(target: "idem", key = %key, token = %token, "completed");
+    results.keep(call, call.fingerprint, sealed, &out);
+    Ok(Happened::Ran(out))
+}
+
+impl Options {
+    /// The context of the call's store steps: these options with the engine's defaults
+    /// filled in, each within what stores and clocks keep ([`Error::InvalidOption`] if not).
+    fn resolve<'c>(
+        &self,
+        inner: &'c Inner,
+        key: &'c Key,
+        fingerprint: Fingerprint,
+        clock: &'c StoreClock,
+    ) -> Result<Steps<'c>, Error> {
+        let call = Steps {
+            store: &*inner.store,
+            clock,
+            step_timeout: inner.step_timeout,
+            key,
+            fingerprint,
+            ttl: self.ttl.unwrap_or(inner.ttl),
+            lease: self.lease.unwrap_or(inner.lease),
+            mode: self.in_progress.unwrap_or(inner.in_progress),
+            wait_timeout: self.wait_timeout.unwrap_or(inner.wait_timeout),
+            retry_after: self.retry_after.or(inner.retry_after),
+            lease_loss: self.lease_loss.unwrap_or(inner.lease_loss),
+        };
+        // The engine's own retry-after was checked when it was built.
+        let durations = [
+            ("ttl", call.ttl),
+            ("lease", call.lease),
+            ("wait_timeout", call.wait_timeout),
+        ];
+        let asked = self.retry_after.map(|d| ("retry_after", d));
+        for (option, d) in durations.into_iter().chain(asked) {
+            if let Err(reason) = check_duration(d) {
+                return Err(Error::InvalidOption {
+                    key: key.clone(),
+                    option,
+                    reason: format!("{d:?}: {reason}"),
+                });
             }
-            let lease_ends = beat.leased_at + lease;
-            store_result(
-                store,
-                clock,
-                step_timeout,
-                &key,
-                token,
-                &sealed,
-                ttl,
-                lease_ends,
-            )
-            .await?;
-            tracing::debug!(target: "idem", key = %key, token = %token, "completed");
-            if let Some(cache) = &inner.cache {
-                let value = ops.keep(&out);
-                cache.insert(key, fp, request, sealed, value, ttl);
-            }
-            Ok((out, Origin::Ran))
-        })
-        .await
+        }
+        Ok(call)
     }
 }

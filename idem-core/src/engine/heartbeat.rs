@@ -3,23 +3,23 @@
 use std::future::Future;
 use std::pin::{pin, Pin};
 use std::task::Poll;
-use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::observe::StoreClock;
-use super::step::{poll_once, step};
-use super::MIN_DURATION;
+use super::step::{poll_once, Steps};
+use super::{LeaseLoss, MIN_DURATION};
 use crate::error::StoreError;
-use crate::key::Key;
-use crate::store::{Store, Token};
+use crate::store::Token;
 
 type Extending<'s> = Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send + 's>>;
 
 /// What the heartbeat hands back with the body's output.
 pub(super) struct Beat<O> {
-    pub(super) out: O,
-    /// The store fenced an extend: another caller took the key over.
+    /// The body's output; `None` when the lease was lost and the body dropped for it
+    /// ([`LeaseLoss::Cancel`]).
+    pub(super) out: Option<O>,
+    /// The lease was lost while the body ran: the store fenced an extend (another caller
+    /// took the key over), or a whole lease passed with no extend it confirmed.
     pub(super) lost: bool,
     /// When the lease last secured began, at the latest: the start of the last extend that
     /// succeeded, or the claim's.
@@ -29,23 +29,27 @@ pub(super) struct Beat<O> {
 /// Polls `body` to completion while extending the lease every third of its length. Each
 /// extend is bounded by the step timeout: one that hangs is abandoned, and the next beat
 /// tries again, so one stuck connection does not stop the heartbeat.
-#[allow(clippy::too_many_arguments)]
+///
+/// The lease is lost when the store fences an extend. With [`LeaseLoss::Cancel`] it is
+/// also lost when a whole lease has passed since the last extend the store confirmed began
+/// (an outage, or answers lost on the way back): the store may have ended it, and a
+/// successor may be running, so the body is dropped. With [`LeaseLoss::Finish`] the body
+/// runs on, and its result is offered to the store as before, which takes it if the lease
+/// was in fact extended.
 pub(super) async fn with_heartbeat<O>(
-    store: &dyn Store,
-    clock: &StoreClock,
-    step_timeout: Duration,
-    key: &Key,
+    call: &Steps<'_>,
     token: Token,
-    lease: Duration,
     leased_at: Instant,
     body: impl Future<Output = O>,
 ) -> Beat<O> {
+    let (store, key, lease) = (call.store, call.key, call.lease);
+    let cancel = call.lease_loss == LeaseLoss::Cancel;
     let period = (lease / 3).max(MIN_DURATION);
     let mut body = pin!(body);
     // A body done at its first poll needs no heartbeat: no timer is made for it.
     if let Poll::Ready(out) = poll_once(body.as_mut()).await {
         return Beat {
-            out,
+            out: Some(out),
             lost: false,
             leased_at,
         };
@@ -56,9 +60,18 @@ pub(super) async fn with_heartbeat<O>(
     let mut lost = false;
     let mut leased_at = leased_at;
     loop {
+        if lost && cancel {
+            tracing::warn!(target: "idem", key = %key, token = %token,
+                "the body is cancelled: its lease is lost");
+            return Beat {
+                out: None,
+                lost,
+                leased_at,
+            };
+        }
         tokio::select! {
             biased;
-            out = &mut body => return Beat { out, lost, leased_at },
+            out = &mut body => return Beat { out: Some(out), lost, leased_at },
             res = async { extending.as_mut().expect("guarded by is_some").1.as_mut().await }, if extending.is_some() => {
                 let (sent_at, _) = extending.take().expect("guarded by is_some");
                 match res {
@@ -75,9 +88,15 @@ pub(super) async fn with_heartbeat<O>(
                         "could not extend the lease; trying again at the next beat"),
                 }
             }
+            // An extend still in flight may yet secure the lease: its answer decides.
+            _ = tokio::time::sleep_until(leased_at + lease), if cancel && extending.is_none() && !lost => {
+                lost = true;
+                tracing::warn!(target: "idem", key = %key, token = %token,
+                    "lease lost while the body runs: no extend succeeded for a whole lease");
+            }
             _ = ticker.tick(), if extending.is_none() && !lost => {
                 let sent_at = Instant::now();
-                extending = Some((sent_at, Box::pin(step(store, clock, "extend", step_timeout, store.extend(key, token, lease)))));
+                extending = Some((sent_at, Box::pin(call.run("extend", store.extend(key, token, lease)))));
             }
         }
     }

@@ -22,14 +22,13 @@ mod complete;
 mod execute;
 mod heartbeat;
 mod observe;
-pub mod outcome;
+mod outcome;
 mod release;
-mod run;
+pub(crate) mod run;
 mod step;
 
 pub use builder::IdemBuilder;
-pub(crate) use builder::SHARED_BACKEND;
-pub use call::{Call, InProgress, MissingKey, RequestPrint};
+pub use call::{Answers, Call, CallWithOutcome, InProgress, LeaseLoss, MissingKey, RequestPrint};
 pub use complete::{Share, SharedValue, ValueEq, ValueOps};
 pub use outcome::{Origin, Outcome};
 
@@ -41,6 +40,9 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
 /// The default longest wait for a concurrent duplicate in `InProgress::Wait` mode.
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest retry-after hint an [`Error::InProgress`] gives by default: 1 second, or a
+/// tenth of the call's lease when that is shorter (see [`IdemBuilder::retry_after`]).
+pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The default longest wait for one store step (claim, complete, extend, release, get,
 /// delete), the store's wait for a free connection included.
 pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -50,6 +52,26 @@ const MIN_DURATION: Duration = Duration::from_millis(1);
 /// The longest ttl, lease or wait accepted: 100 years. Longer ones would overflow clocks
 /// (`Instant + Duration`, Redis `PX`); no idempotency record needs to outlive that.
 pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+/// The retry-after hint of an [`Error::InProgress`] whose holder's lease still runs for
+/// `remaining`: the hint asked for (`asked`, by the call or the builder), else the smaller
+/// of [`DEFAULT_RETRY_AFTER`] and a tenth of `lease`; never beyond `remaining` (later, the
+/// key is free or taken over anyway), and never under 1 ms.
+///
+/// The store answers the remaining lease, but a holder usually finishes long before its
+/// lease ends (the lease is what a crashed holder costs, not how long a body runs): a
+/// consumer that requeued a message for the whole remaining lease would stall it for most
+/// of a lease each time.
+pub(crate) fn retry_hint(
+    asked: Option<Duration>,
+    lease: Duration,
+    remaining: Duration,
+) -> Duration {
+    asked
+        .unwrap_or_else(|| DEFAULT_RETRY_AFTER.min(lease / 10))
+        .min(remaining)
+        .max(MIN_DURATION)
+}
 
 /// The idempotency engine: a store plus defaults. Cheap to clone; share one per process.
 ///
@@ -67,6 +89,9 @@ struct Inner {
     in_progress: InProgress,
     wait_timeout: Duration,
     step_timeout: Duration,
+    /// The retry-after hint asked for, if any; else [`retry_hint`]'s default.
+    retry_after: Option<Duration>,
+    lease_loss: LeaseLoss,
     cache: Option<LocalCache>,
 }
 
@@ -80,6 +105,8 @@ impl std::fmt::Debug for Idem {
             .field("in_progress", &self.inner.in_progress)
             .field("wait_timeout", &self.inner.wait_timeout)
             .field("step_timeout", &self.inner.step_timeout)
+            .field("retry_after", &self.inner.retry_after)
+            .field("lease_loss", &self.inner.lease_loss)
             .field("local_cache", &self.inner.cache.is_some())
             .finish()
     }
@@ -143,20 +170,11 @@ impl Idem {
     /// # Ok(()) }
     /// ```
     pub fn call(&self, key: Key, fingerprint: Fingerprint) -> Call<'_, BuiltinCodec> {
-        self.call_checked(Ok(key), fingerprint)
+        self.call_print(Ok(key), RequestPrint::Fingerprint(fingerprint))
     }
 
-    /// Starts a call whose key may have failed to build; the error is returned when the
-    /// call runs, before any store access. This is what `#[idempotent]` expands to.
-    pub fn call_checked(
-        &self,
-        key: Result<Key, Error>,
-        fingerprint: Fingerprint,
-    ) -> Call<'_, BuiltinCodec> {
-        self.call_print(key, RequestPrint::Fingerprint(fingerprint))
-    }
-
-    /// [`call_checked`](Idem::call_checked) with the payload as `#[idempotent]` holds it.
+    /// A call whose key may have failed to build (the error is returned when the call
+    /// runs, before any store access), with the payload as `#[idempotent]` holds it.
     pub(crate) fn call_print(
         &self,
         key: Result<Key, Error>,
@@ -166,14 +184,10 @@ impl Idem {
             idem: self,
             key,
             print,
-            ttl: None,
-            lease: None,
-            in_progress: None,
-            wait_timeout: None,
+            options: call::Options::default(),
             version: 0,
             missing_key: MissingKey::Error,
             codec: self.inner.codec,
-            answer: std::marker::PhantomData,
         }
     }
 

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::Origin;
+use super::execute::Happened;
 use crate::error::Error;
 
 /// The time one call has spent in store steps so far: every store step goes through
@@ -54,18 +54,15 @@ impl StoreClock {
     }
 }
 
-/// The `outcome` field of the span and label of `idem_calls_total`: one of a fixed set.
-pub(super) fn outcome_label<T>(
-    res: &Result<(T, Origin), Error>,
-    released: bool,
-    unkeyed: bool,
-) -> &'static str {
-    match res {
-        Ok(_) if unkeyed => "unkeyed",
-        Ok(_) if released => "released",
-        Ok((_, Origin::Ran)) => "claimed",
-        Ok((_, Origin::Store)) => "replayed",
-        Ok((_, Origin::LocalCache)) => "replayed_local",
+/// The `outcome` field of the span and label of `idem_calls_total`: one of a fixed set,
+/// read from what the call did.
+pub(super) fn outcome_label<T, E>(happened: &Result<Happened<T, E>, Error>) -> &'static str {
+    match happened {
+        Ok(Happened::Ran(_)) => "claimed",
+        Ok(Happened::Released(_)) => "released",
+        Ok(Happened::Unkeyed(_)) => "unkeyed",
+        Ok(Happened::Replayed(_)) => "replayed",
+        Ok(Happened::ReplayedLocal(_)) => "replayed_local",
         Err(Error::InProgress { .. } | Error::WaitTimeout { .. }) => "in_progress",
         Err(Error::KeyReuse { .. }) => "key_reuse",
         Err(Error::LeaseLost { .. }) => "lease_lost",

@@ -1,9 +1,7 @@
 //! The replay signal: whether a call's result is its own run's or a replay, and from where.
 //!
 //! A call answers its bare value by default. After [`Call::with_outcome`](super::Call::with_outcome)
-//! its run methods answer an [`Outcome`] instead: the value and its [`Origin`]. The choice is
-//! a type parameter of the call ([`Answer`]), so that each run method exists once and says
-//! in its type what it answers.
+//! its run methods answer an [`Outcome`] instead: the value and its [`Origin`].
 
 /// Where a call's result came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -71,41 +69,4 @@ impl<T> Outcome<T> {
             origin: self.origin,
         }
     }
-}
-
-/// What a call's run methods answer for a value `T`: `T` itself ([`Bare`], the default) or
-/// an [`Outcome<T>`] ([`WithOutcome`]). Sealed: only these two exist.
-pub trait Answer: sealed::Sealed {
-    /// The answer for a value `T`.
-    type Out<T>;
-    /// The answer for `value`, which came from `origin`.
-    fn answer<T>(value: T, origin: Origin) -> Self::Out<T>;
-}
-
-/// A call answers its bare value (the default).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Bare;
-
-/// A call answers an [`Outcome`]: see [`Call::with_outcome`](crate::Call::with_outcome).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct WithOutcome;
-
-impl Answer for Bare {
-    type Out<T> = T;
-    fn answer<T>(value: T, _: Origin) -> T {
-        value
-    }
-}
-
-impl Answer for WithOutcome {
-    type Out<T> = Outcome<T>;
-    fn answer<T>(value: T, origin: Origin) -> Outcome<T> {
-        Outcome::new(value, origin)
-    }
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for super::Bare {}
-    impl Sealed for super::WithOutcome {}
 }

@@ -33,8 +33,20 @@ impl ReleaseGuard {
         }
     }
 
+    /// From here on the claim is kept until its lease ends, whatever happens (a panic, an
+    /// error, the future dropped): for a body that has run and whose result is to be kept.
     pub(super) fn disarm(&mut self) {
         self.token = None;
+    }
+
+    /// Runs `f` with the guard disarmed, and arms it again when `f` returns: a panic in
+    /// `f` (user code that runs after the body, such as the predicate of the errors to
+    /// keep) keeps the claim until its lease ends instead of releasing it.
+    pub(super) fn held_while<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        let token = self.token.take();
+        let out = f();
+        self.token = token;
+        out
     }
 
     pub(super) async fn release(&mut self, clock: &StoreClock) {

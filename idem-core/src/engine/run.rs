@@ -1,55 +1,36 @@
 //! The ways to run a call's body: a value, a fallible body, a body whose chosen errors are
-//! kept. Each goes through the one state machine in [`execute`](super::execute), and answers
-//! what the call's [`Answer`] says: the bare value, or an [`Outcome`](crate::Outcome).
+//! kept. Each goes through the one state machine in [`execute`](super::execute), which
+//! answers what happened; the run method answers the outcome from it, bare for a [`Call`]
+//! and as an [`Outcome`] for a [`CallWithOutcome`].
 //!
-//! They are plain functions that return the engine's future (awaited like an `async fn`):
-//! an `async fn` around it would hold, and move, a copy of it.
+//! The three functions at the bottom are the whole path; the methods, and the helpers
+//! `#[idempotent]` expands to (`idem::__private::run`...), call them. They return the
+//! engine's future with one step after it, not an `async fn` around it that would hold,
+//! and move, a copy of it.
 
-use std::convert::Infallible;
 use std::future::Future;
 
 use serde::{de::DeserializeOwned, Serialize};
 
+use super::call::Answers;
 use super::complete::{CacheIf, NoCache, ValueEq, ValueOps};
-use super::outcome::Answer;
-use super::Call;
+use super::execute::Happened;
+use super::{Call, CallWithOutcome, Outcome};
 use crate::codec::Codec;
 use crate::error::Error;
 
-impl<'a, C: Codec, R: Answer> Call<'a, C, R> {
+impl<'a, C: Codec> Call<'a, C> {
     /// Runs a body that cannot fail: its value is stored and replayed.
     pub fn run<T, F, Fut>(
         self,
         body: F,
-    ) -> impl Future<Output = Result<R::Out<T>, Error>> + use<'a, C, R, T, F, Fut>
+    ) -> impl Future<Output = Result<T, Error>> + use<'a, C, T, F, Fut>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = T>,
         T: Serialize + DeserializeOwned,
     {
-        self.run_eq(ValueOps::NONE, body)
-    }
-
-    /// [`run`](Self::run), also comparing the decoded result with `==` and keeping it
-    /// decoded in the local cache when `#[idempotent]` found that its type allows it.
-    pub(crate) fn run_eq<T, F, Fut>(
-        self,
-        eq: ValueOps<T>,
-        body: F,
-    ) -> impl Future<Output = Result<R::Out<T>, Error>> + use<'a, C, R, T, F, Fut>
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = T>,
-        T: Serialize + DeserializeOwned,
-    {
-        let body = || async { Ok::<T, Infallible>(body().await) };
-        self.execute(body, NoCache, eq, |res| {
-            let (out, origin) = res?;
-            match out {
-                Ok(v) => Ok(R::answer(v, origin)),
-                Err(never) => match never {},
-            }
-        })
+        run(self, ValueOps::NONE, body)
     }
 
     /// Runs a fallible body: `Ok` is stored and replayed, `Err` releases the claim so that a
@@ -57,34 +38,14 @@ impl<'a, C: Codec, R: Answer> Call<'a, C, R> {
     pub fn run_fallible<T, E, F, Fut>(
         self,
         body: F,
-    ) -> impl Future<Output = Result<R::Out<T>, E>> + use<'a, C, R, T, E, F, Fut>
+    ) -> impl Future<Output = Result<T, E>> + use<'a, C, T, E, F, Fut>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
         T: Serialize + DeserializeOwned,
         E: From<Error>,
     {
-        self.run_fallible_with(ValueOps::NONE, E::from, body)
-    }
-
-    /// [`run_fallible`](Self::run_fallible) with what is known of the result type (see
-    /// [`ValueOps`]), and the conversion of idem's own errors into the body's.
-    pub(crate) fn run_fallible_with<T, E, F, Fut, I>(
-        self,
-        eq: ValueOps<T>,
-        from_idem: I,
-        body: F,
-    ) -> impl Future<Output = Result<R::Out<T>, E>> + use<'a, C, R, T, E, F, Fut, I>
-    where
-        I: FnOnce(Error) -> E,
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-        T: Serialize + DeserializeOwned,
-    {
-        self.execute(body, NoCache, eq, |res| match res {
-            Ok((out, origin)) => out.map(|v| R::answer(v, origin)),
-            Err(e) => Err(from_idem(e)),
-        })
+        run_fallible(self, ValueOps::NONE, E::from, body)
     }
 
     /// Like [`run_fallible`](Self::run_fallible), but an `Err` for which `cache_if` answers
@@ -93,7 +54,7 @@ impl<'a, C: Codec, R: Answer> Call<'a, C, R> {
         self,
         cache_if: P,
         body: F,
-    ) -> impl Future<Output = Result<R::Out<T>, E>> + use<'a, C, R, T, E, F, Fut, P>
+    ) -> impl Future<Output = Result<T, E>> + use<'a, C, T, E, F, Fut, P>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
@@ -101,17 +62,45 @@ impl<'a, C: Codec, R: Answer> Call<'a, C, R> {
         E: From<Error> + Serialize + DeserializeOwned,
         P: Fn(&E) -> bool,
     {
-        self.run_caching_errors_eq(cache_if, (ValueOps::NONE, None), body)
+        run_caching_errors(self, (ValueOps::NONE, None), cache_if, body)
+    }
+}
+
+impl<'a, C: Codec> CallWithOutcome<'a, C> {
+    /// [`Call::run`], answering the value's [`Outcome`].
+    pub fn run<T, F, Fut>(
+        self,
+        body: F,
+    ) -> impl Future<Output = Result<Outcome<T>, Error>> + use<'a, C, T, F, Fut>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = T>,
+        T: Serialize + DeserializeOwned,
+    {
+        run(self, ValueOps::NONE, body)
     }
 
-    /// [`run_caching_errors`](Self::run_caching_errors) with what is known of the result
-    /// type and the `==` of the error type.
-    pub(crate) fn run_caching_errors_eq<T, E, F, Fut, P>(
+    /// [`Call::run_fallible`], answering the value's [`Outcome`].
+    pub fn run_fallible<T, E, F, Fut>(
+        self,
+        body: F,
+    ) -> impl Future<Output = Result<Outcome<T>, E>> + use<'a, C, T, E, F, Fut>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+    {
+        run_fallible(self, ValueOps::NONE, E::from, body)
+    }
+
+    /// [`Call::run_caching_errors`], answering the value's [`Outcome`]; a replayed error is
+    /// an `Err`, without one.
+    pub fn run_caching_errors<T, E, F, Fut, P>(
         self,
         cache_if: P,
-        (eq, error_eq): (ValueOps<T>, ValueEq<E>),
         body: F,
-    ) -> impl Future<Output = Result<R::Out<T>, E>> + use<'a, C, R, T, E, F, Fut, P>
+    ) -> impl Future<Output = Result<Outcome<T>, E>> + use<'a, C, T, E, F, Fut, P>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
@@ -119,9 +108,74 @@ impl<'a, C: Codec, R: Answer> Call<'a, C, R> {
         E: From<Error> + Serialize + DeserializeOwned,
         P: Fn(&E) -> bool,
     {
-        self.execute(body, CacheIf(cache_if, error_eq), eq, |res| match res {
-            Ok((out, origin)) => out.map(|v| R::answer(v, origin)),
-            Err(e) => Err(E::from(e)),
-        })
+        run_caching_errors(self, (ValueOps::NONE, None), cache_if, body)
     }
+}
+
+/// Runs a body that cannot fail, with what is known of its value's type ([`ValueOps`]).
+pub(crate) fn run<'a, A, T, F, Fut>(
+    call: A,
+    ops: ValueOps<T>,
+    body: F,
+) -> impl Future<Output = Result<A::Out<T>, Error>> + use<'a, A, T, F, Fut>
+where
+    A: Answers + 'a,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = T>,
+    T: Serialize + DeserializeOwned,
+{
+    // Its `Err` can only be idem's: the body's never fails, and `NoCache` stores none.
+    let body = || async { Ok::<T, Error>(body().await) };
+    let happened = call.into_call::<'a>().execute(body, NoCache, ops);
+    async move { answer::<A, T, Error>(happened.await, |e| e) }
+}
+
+/// Runs a fallible body, with what is known of its value's type and the conversion of
+/// idem's own errors into the body's.
+pub(crate) fn run_fallible<'a, A, T, E, F, Fut>(
+    call: A,
+    ops: ValueOps<T>,
+    from_idem: fn(Error) -> E,
+    body: F,
+) -> impl Future<Output = Result<A::Out<T>, E>> + use<'a, A, T, E, F, Fut>
+where
+    A: Answers + 'a,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    T: Serialize + DeserializeOwned,
+{
+    let happened = call.into_call::<'a>().execute(body, NoCache, ops);
+    async move { answer::<A, T, E>(happened.await, from_idem) }
+}
+
+/// Runs a body whose errors for which `cache_if` answers true are stored and replayed,
+/// with what is known of the value's type and the `==` of the error's.
+pub(crate) fn run_caching_errors<'a, A, T, E, F, Fut, P>(
+    call: A,
+    (ops, error_eq): (ValueOps<T>, ValueEq<E>),
+    cache_if: P,
+    body: F,
+) -> impl Future<Output = Result<A::Out<T>, E>> + use<'a, A, T, E, F, Fut, P>
+where
+    A: Answers + 'a,
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    T: Serialize + DeserializeOwned,
+    E: From<Error> + Serialize + DeserializeOwned,
+    P: Fn(&E) -> bool,
+{
+    let happened = call
+        .into_call::<'a>()
+        .execute(body, CacheIf(cache_if, error_eq), ops);
+    async move { answer::<A, T, E>(happened.await, E::from) }
+}
+
+/// What a run method answers from what happened: the outcome as the kind of call `A`
+/// answers it, or idem's own error as the body's error type.
+fn answer<A: Answers, T, E>(
+    happened: Result<Happened<T, E>, Error>,
+    from_idem: impl FnOnce(Error) -> E,
+) -> Result<A::Out<T>, E> {
+    let (out, origin) = happened.map_err(from_idem)?.into_parts();
+    out.map(|value| A::answer(value, origin))
 }

@@ -7,9 +7,46 @@ use std::time::Duration;
 
 use crate::error::{DecodeError, Error, StoreError};
 use crate::key::Key;
-use crate::store::Store;
+use crate::store::{Fingerprint, Store};
 
 use super::observe::StoreClock;
+use super::{InProgress, LeaseLoss};
+
+/// One call as its store steps see it: the store, the call's clock and step timeout, the
+/// key, and the call's options with the engine's defaults filled in. Built once by
+/// [`execute`](super::execute) and lent to every part (the claim, the heartbeat, the
+/// complete), so that each takes the call and what it alone adds.
+pub(super) struct Steps<'c> {
+    pub(super) store: &'c dyn Store,
+    pub(super) clock: &'c StoreClock,
+    pub(super) step_timeout: Duration,
+    pub(super) key: &'c Key,
+    pub(super) fingerprint: Fingerprint,
+    pub(super) ttl: Duration,
+    pub(super) lease: Duration,
+    pub(super) mode: InProgress,
+    pub(super) wait_timeout: Duration,
+    /// The retry-after hint asked for (by the call or the builder), if any.
+    pub(super) retry_after: Option<Duration>,
+    /// What the body does if its lease is lost.
+    pub(super) lease_loss: LeaseLoss,
+}
+
+impl Steps<'_> {
+    /// Runs one store step of this call under the step timeout (see [`step`]).
+    pub(super) async fn run<T>(
+        &self,
+        name: &'static str,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        step(self.store, self.clock, name, self.step_timeout, call).await
+    }
+
+    /// A store failure of this call's key, as the caller sees it.
+    pub(super) fn error(&self, source: StoreError) -> Error {
+        store_error(self.key, source)
+    }
+}
 
 /// A store failure as the caller sees it. A value under the key that is not an idem record
 /// is a decode failure of that key, not an outage.

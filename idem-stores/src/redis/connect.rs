@@ -24,9 +24,15 @@ impl RedisStoreBuilder {
     /// Then loads the scripts, and warns when the server's `maxmemory-policy` can evict
     /// records. A server that cannot be reached within the connect timeout is an
     /// [`Error::Connect`] with the client's error as its source; a URL that is not one, an
-    /// [`Error::Config`].
+    /// [`Error::Config`]. No error shows the URL's password (nor a `pass` parameter's).
     pub async fn open(self, url: &str) -> Result<RedisStore, Error> {
-        let scheme = url.split_once("://").map_or("", |(s, _)| s);
+        // Without a scheme, nothing tells a password from the rest: the URL is not shown.
+        let Some(scheme) = crate::redact::scheme(url) else {
+            return Err(config_error(
+                "a Redis URL starts with `redis://`, `rediss://`, `redis+unix://` or `redis+cluster://`; this one has no `scheme://` (it is not shown, as it may hold a password)".into(),
+                None,
+            ));
+        };
         crate::tls::check(url, || redact(url))?;
         match scheme {
             "redis+cluster" | "rediss+cluster" => {
@@ -71,7 +77,7 @@ impl RedisStoreBuilder {
                 .map_err(|e| {
                     connect_error(format!("cannot connect to `{}`", redact(url)), Some(e))
                 })?;
-                let store = self.build(Connection::Standalone(manager));
+                let store = self.build(Connection::Standalone(manager), redact(url));
                 store.prepare().await.map_err(|e| {
                     connect_error(
                         format!(
@@ -125,7 +131,7 @@ impl RedisStoreBuilder {
                         Some(e),
                     )
                 })?;
-        let store = self.build(Connection::Cluster(connection));
+        let store = self.build(Connection::Cluster(connection), shown.clone());
         store.prepare().await.map_err(|e| {
             connect_error(
                 format!(
@@ -143,7 +149,10 @@ impl RedisStoreBuilder {
     /// Loads the scripts and checks the eviction policy; a server that does not answer now
     /// is only logged, since the manager reconnects and the scripts are loaded on first use.
     pub async fn connection_manager(self, manager: ConnectionManager) -> RedisStore {
-        let store = self.build(Connection::Standalone(manager));
+        let store = self.build(
+            Connection::Standalone(manager),
+            "the Redis server of a connection manager".into(),
+        );
         if let Err(e) = store.prepare().await {
             tracing::warn!(target: "idem", error = %e, "could not load idem's scripts into Redis yet; they load on first use");
         }
@@ -159,7 +168,10 @@ impl RedisStoreBuilder {
         self,
         connection: redis::cluster_async::ClusterConnection,
     ) -> RedisStore {
-        let store = self.build(Connection::Cluster(connection));
+        let store = self.build(
+            Connection::Cluster(connection),
+            "the Redis Cluster of a cluster connection".into(),
+        );
         if let Err(e) = store.prepare().await {
             tracing::warn!(target: "idem", error = %e, "could not load idem's scripts into Redis Cluster yet; they load on first use");
         }

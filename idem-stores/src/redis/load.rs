@@ -4,7 +4,8 @@
 use super::{scripts, Connection, RedisStore};
 
 impl RedisStore {
-    /// Loads the scripts (on every node of a cluster), then checks the eviction policy.
+    /// Loads the scripts (on every node of a cluster), checks the eviction policy, then reads
+    /// (or writes) the epoch.
     pub(super) async fn prepare(&self) -> Result<(), redis::RedisError> {
         for script in scripts::all() {
             let load = script.prepare_invoke();
@@ -35,6 +36,18 @@ impl RedisStore {
             }
         }
         self.warn_if_evicting().await;
+        // The epoch the store compares with from now on (written when there is none). Not
+        // a reason to refuse the connection: the steps read it again until it answers.
+        match tokio::time::timeout(self.command_timeout, self.read_epoch()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(target: "idem", server = %self.epoch.server, epoch_key = %self.epoch.key, error = %e,
+                    "could not read or write the Redis epoch at connect; a loss of the records is not noticed until it can be")
+            }
+            Err(_) => {
+                tracing::debug!(target: "idem", "the Redis epoch did not answer at connect; it is read before the first step")
+            }
+        }
         Ok(())
     }
 }

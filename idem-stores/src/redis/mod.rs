@@ -3,7 +3,7 @@
 //!
 //! ```no_run
 //! use idem::Idem;
-//! use idem::stores::redis::RedisStore;
+//! use idem::stores::RedisStore;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), idem::Error> {
@@ -84,6 +84,25 @@
 //! The engine then fails closed: the body does not run without a claim. The connection
 //! reconnects on its own, so the same store works again once the server is back.
 //!
+//! # Durability
+//!
+//! By default a step is done once the primary applied it; Redis replicates asynchronously,
+//! so a failover can lose what the primary acknowledged last, and a retry then runs the
+//! body again. With [`RedisStoreBuilder::wait_for_replicas`] (or [`RedisStore::with_replicas`])
+//! the claim and complete scripts are each sent with `WAIT` behind them, in one pipeline on
+//! one connection (`replicas.rs`), and a replay or a resent step touches the record so that
+//! the `WAIT` measures the record itself; too few acknowledgements are
+//! [`StoreError::NotReplicated`], so no call reports a result the replicas do not hold.
+//!
+//! # Lost records
+//!
+//! A server that comes back without the records (no persistence and a restart, a
+//! `FLUSHALL`, a failover to a replica without them) would have every key completed before
+//! run its body again, silently. The store keeps an epoch beside the records (`epoch.rs`,
+//! [`RedisStore::epoch_key`]) and reads it back after a step that could not reach the
+//! server and at most every [check interval](RedisStoreBuilder::epoch_check_interval); a
+//! loss is logged at `error` level and handled as [`LostRecords`] says.
+//!
 //! # Operations
 //!
 //! Run Redis with `maxmemory-policy noeviction`: an evicted record is a lost claim or a
@@ -94,11 +113,14 @@
 //! everysec` can lose the last second of claims and results on a crash, `always` loses
 //! none at the cost of an fsync per write.
 
+mod admin;
 mod builder;
 mod connect;
+mod epoch;
 mod info;
 mod load;
 mod record;
+mod replicas;
 mod scripts;
 mod url;
 
@@ -110,11 +132,19 @@ use bytes::Bytes;
 use idem_core::{Capabilities, Claim, Fingerprint, Key, Record, Store, StoreError, Token};
 use redis::aio::ConnectionManager;
 use redis::{ErrorKind, RedisError, ScriptInvocation, ServerErrorKind, Value};
+use replicas::{evalsha, ReplicaWait};
 
 pub use builder::{
-    RedisStoreBuilder, DEFAULT_COMMAND_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX,
-    DEFAULT_RECOVERY_WINDOW,
+    RedisStoreBuilder, DEFAULT_REDIS_COMMAND_TIMEOUT, DEFAULT_REDIS_PREFIX,
+    DEFAULT_REDIS_RECOVERY_WINDOW,
 };
+pub use epoch::{
+    LostRecords, DEFAULT_REDIS_EPOCH_CHECK_INTERVAL, DEFAULT_REDIS_LOST_RECORDS_GRACE,
+};
+
+/// The extra script argument of a claim or complete that replicas must acknowledge: it
+/// tells the script to touch a record it found nothing to write to (`scripts.rs`).
+const DURABLE: &str = "1";
 
 /// The backend name in [`StoreError`]s of a standalone server, and of a cluster.
 const BACKEND: &str = "redis";
@@ -123,15 +153,56 @@ const CLUSTER_BACKEND: &str = "redis-cluster";
 
 /// A [`Store`] in Redis or Redis Cluster. Cheap to clone: clones share the connection.
 ///
+/// A step is acknowledged by the primary alone unless the store waits for replicas
+/// ([`RedisStoreBuilder::wait_for_replicas`], [`RedisStore::with_replicas`]).
+///
+/// # Lost records
+///
+/// A Redis without persistence that restarts, is flushed or fails over to an empty replica
+/// has no records left, and every key completed before would run its body again. When the
+/// store connects it writes an *epoch* under its prefix ([`epoch_key`](Self::epoch_key):
+/// `<prefix>epoch`, a random 128-bit value, `SET NX`, no expiry; no record key is that,
+/// since after the prefix a record's key holds `scope/id`, and a scope is never empty) and
+/// remembers the value it found or wrote. It reads the epoch again with one `GET`, sent
+/// before a step and within that step's command timeout:
+///
+/// - before the next step after a step failed because the server could not be reached (a
+///   refused or dropped connection: the server may have restarted) or did not answer
+///   within the command timeout;
+/// - otherwise when the last read is older than the
+///   [check interval](RedisStoreBuilder::epoch_check_interval) (10 s by default), so that a
+///   restart or a flush between two steps is noticed too, at most that late. No background
+///   task: steps in between cost nothing more (a first call stays 2 round trips, a replay 1;
+///   a step that finds the check due costs one more).
+///
+/// A missing epoch, or another one (a store under the same prefix noticed first and wrote
+/// it), is a loss: an `error` event (target `idem`) names the server (without its
+/// password), the epoch key and both values, and says what it means; the store writes a new
+/// epoch and answers the claims that find no record as [`LostRecords`] says (by default,
+/// for a minute and at least each claim's lease, a temporary
+/// [`StoreError::RecordsLost`]; see [`RedisStoreBuilder::on_lost_records`]).
+///
+/// What it cannot see: a loss before the store connected; a loss that kept the epoch (a
+/// failover to a replica that has the epoch but lags on records, which
+/// [`wait_for_replicas`](RedisStoreBuilder::wait_for_replicas) is for); an `allkeys-*`
+/// eviction policy may evict the epoch itself, which then looks like a loss. On Redis
+/// Cluster the epoch is one key in one slot, so it speaks for the primary of that slot
+/// alone: a loss on another primary goes unnoticed. A prefix with a hash tag
+/// (`idem:{billing}:`) puts the epoch in the slot of every record, where it covers them all.
+///
 /// Build it with [`RedisStore::open`], [`RedisStore::builder`],
 /// [`RedisStore::from_connection_manager`] or `RedisStore::from_cluster_connection`. See
-/// the [module docs](self) for the scripts, the record layout and how keys are named.
+/// the source of `idem-stores/src/redis/` for the scripts, the record layout and how keys are named.
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Connection,
     prefix: Arc<str>,
     command_timeout: Duration,
     recovery_window: Duration,
+    /// The durability level: `None` answers once the primary took a step.
+    replicas: Option<ReplicaWait>,
+    /// The epoch this store compares with, shared by its clones (`epoch.rs`).
+    epoch: Arc<epoch::Epoch>,
 }
 
 #[derive(Clone)]
@@ -182,6 +253,8 @@ impl std::fmt::Debug for RedisStore {
             .field("prefix", &self.prefix)
             .field("command_timeout", &self.command_timeout)
             .field("recovery_window", &self.recovery_window)
+            .field("replicas", &self.replicas)
+            .field("epoch", &self.epoch)
             .finish()
     }
 }
@@ -230,7 +303,7 @@ impl RedisStore {
     ///
     /// ```
     /// # use idem::Key;
-    /// # fn show(store: &idem::stores::redis::RedisStore) {
+    /// # fn show(store: &idem::stores::RedisStore) {
     /// let key = Key::new("billing", "{order}-42").unwrap();
     /// assert_eq!(store.record_key(&key), "idem:billing/%7Border%7D-42"); // default prefix
     /// # }
@@ -239,27 +312,170 @@ impl RedisStore {
         record::record_key(&self.prefix, key)
     }
 
-    /// Runs the script of one step under the command timeout.
+    /// A store on the same connection (and prefix, timeouts, recovery window) whose claims
+    /// and completes wait for `replicas` replicas, as
+    /// [`RedisStoreBuilder::wait_for_replicas`] describes; `0` replicas turns the wait off.
+    /// Cheap: nothing is connected or loaded.
+    ///
+    /// This is how one process picks a durability level per call: give the engine of the
+    /// calls whose results must survive a failover the durable store, and the others the
+    /// plain one; both share the connection and see the same records.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use idem::{Idem, stores::RedisStore};
+    /// # async fn engines(store: RedisStore) {
+    /// let payments = Idem::new(store.with_replicas(1, Duration::from_millis(500)));
+    /// let emails = Idem::new(store); // acknowledged by the primary alone
+    /// # let _ = (payments, emails); }
+    /// ```
+    ///
+    /// A `WAIT` holds up the connection it is sent on until it returns: the plain store's
+    /// steps queue behind the durable store's waits. Where that matters (replicas that can
+    /// lag or go away), open the durable store on a connection of its own instead
+    /// ([`RedisStoreBuilder::open`] with the option set).
+    pub fn with_replicas(&self, replicas: u32, timeout: Duration) -> RedisStore {
+        let store = RedisStore {
+            replicas: ReplicaWait::new(replicas, timeout),
+            ..self.clone()
+        };
+        store.warn_if_wait_outlasts_steps();
+        store
+    }
+
+    /// How many replicas must acknowledge each claim and complete, and how long the store
+    /// waits for them; `None` when the store answers on the primary's word alone (the
+    /// default).
+    pub fn replicas(&self) -> Option<(u32, Duration)> {
+        self.replicas.map(|w| (w.replicas, w.timeout))
+    }
+
+    /// A replica timeout at or past the command timeout is cut short by it: the step fails
+    /// as a timeout, not as the shortfall it is.
+    pub(super) fn warn_if_wait_outlasts_steps(&self) {
+        if let Some(wait) = self.replicas {
+            if wait.timeout >= self.command_timeout {
+                tracing::warn!(target: "idem", replica_timeout = ?wait.timeout, command_timeout = ?self.command_timeout,
+                    "the Redis replica timeout is not below the command timeout, which bounds the script and its WAIT together: a step whose replicas are late fails as a timeout");
+            }
+        }
+    }
+
+    /// The Redis key of the epoch: the prefix, then `epoch` (no record key is that: the
+    /// part after the prefix of each holds a `/`). See [`LostRecords`].
+    pub fn epoch_key(&self) -> &str {
+        &self.epoch.key
+    }
+
+    /// How many times this store (and its clones) noticed that the server lost its
+    /// records: its epoch was missing or another one. See [`LostRecords`].
+    pub fn lost_records_noticed(&self) -> u64 {
+        self.epoch.losses()
+    }
+
+    /// Acknowledges the loss of records behind the current epoch: claims of keys without a
+    /// record are no longer refused for it ([`LostRecords::FailClaimsUntilAcknowledged`], or
+    /// what is left of a [`LostRecords::FailClaimsFor`] window), by this store and its
+    /// clones at once, and by every other store under the prefix (in any process) at its
+    /// next refused claim: the current epoch is written under `<prefix>epoch-acknowledged`.
+    /// A later loss changes the epoch, and is refused again.
+    ///
+    /// An error (the server could not be reached) leaves the loss unacknowledged everywhere.
+    pub async fn acknowledge_lost_records(&self) -> Result<(), StoreError> {
+        self.acknowledge_epoch().await
+    }
+
+    /// Runs the script of one step under the command timeout (the epoch's check, when it
+    /// is due, within it too).
     async fn run(
         &self,
         step: &'static str,
         script: &ScriptInvocation<'_>,
     ) -> Result<Value, StoreError> {
         let backend = self.conn.backend();
-        match tokio::time::timeout(self.command_timeout, self.conn.eval(script)).await {
+        let attempt = async {
+            self.check_epoch().await;
+            self.conn.eval(script).await
+        };
+        match tokio::time::timeout(self.command_timeout, attempt).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(store_error(backend, step, e, self.command_timeout)),
-            Err(_) => Err(StoreError::Timeout {
+            Ok(Err(e)) => Err(self.failed(store_error(backend, step, e, self.command_timeout))),
+            Err(_) => Err(self.failed(StoreError::Timeout {
                 backend,
                 step,
                 after: self.command_timeout,
-            }),
+            })),
+        }
+    }
+
+    /// A step's error, noted when it says the server could not be reached or did not
+    /// answer in time: the server may have restarted (or be restarting), so the next step
+    /// reads the epoch first.
+    fn failed(&self, e: StoreError) -> StoreError {
+        if matches!(
+            e,
+            StoreError::Unavailable { .. } | StoreError::Timeout { .. }
+        ) {
+            self.epoch.suspect();
+        }
+        e
+    }
+
+    /// The claim script (and with a durability level its `WAIT`), before the epoch's
+    /// verdict on a claim that found no record.
+    async fn claim_step(
+        &self,
+        key: &Key,
+        fingerprint: &Fingerprint,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        let request = record::claim_request(token, fingerprint, lease, self.recovery_window);
+        let Some(wait) = self.replicas else {
+            let mut script = scripts::CLAIM.key(self.record_key(key));
+            script.arg(&request[..]);
+            return record::claim_reply(self.run("claim", &script).await?, token);
+        };
+        let started = tokio::time::Instant::now();
+        let rkey = self.record_key(key);
+        let mut eval = evalsha(&scripts::CLAIM, &rkey);
+        eval.arg(&request[..]).arg(DURABLE);
+        let (reply, acknowledged) = self
+            .run_replicated("claim", wait, &scripts::CLAIM, &rkey, eval)
+            .await?;
+        let claim = record::claim_reply(reply, token)?;
+        let Some(shortfall) = wait.shortfall(self.conn.backend(), "claim", acknowledged) else {
+            return Ok(claim);
+        };
+        match claim {
+            // Another holder's claim: nothing of ours is at stake, and no body runs.
+            Claim::InProgress { .. } => Ok(claim),
+            Claim::Acquired { .. } => {
+                // The body must not run on a claim a failover can forget. Releasing now
+                // (best effort: it is fenced anyway, and its lease ends) lets a retry claim
+                // again at once instead of finding this claim in progress; within what is
+                // left of the command timeout, which bounds the whole step.
+                let left = self.command_timeout.saturating_sub(started.elapsed());
+                match tokio::time::timeout(left, self.release(key, token)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::debug!(target: "idem", key = %key, error = %e,
+                        "could not release a claim its replicas did not acknowledge; it ends with its lease"),
+                    Err(_) => tracing::debug!(target: "idem", key = %key,
+                        "no time left to release a claim its replicas did not acknowledge; it ends with its lease"),
+                }
+                Err(shortfall)
+            }
+            // A result the replicas may not hold: a failover could lose it and run the
+            // body again, so it is not answered yet.
+            _ => Err(shortfall),
         }
     }
 }
 
 #[async_trait]
 impl Store for RedisStore {
+    /// The claim script; after the store noticed a loss of its records, a claim that found
+    /// no record may be refused as [`LostRecords`] says (and its record released again).
     async fn claim(
         &self,
         key: &Key,
@@ -267,9 +483,32 @@ impl Store for RedisStore {
         token: Token,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
-        let mut script = scripts::CLAIM.key(self.record_key(key));
-        script.arg(&record::claim_request(token, fingerprint, lease, self.recovery_window)[..]);
-        record::claim_reply(self.run("claim", &script).await?, token)
+        let started = tokio::time::Instant::now();
+        let claim = self.claim_step(key, fingerprint, token, lease).await?;
+        if !matches!(
+            claim,
+            Claim::Acquired {
+                recovered: false,
+                ..
+            }
+        ) {
+            return Ok(claim);
+        }
+        let left = self.command_timeout.saturating_sub(started.elapsed());
+        let Some(refused) = self.refusal(lease, left).await else {
+            return Ok(claim);
+        };
+        // Nothing under the key: it may have completed before the loss. Let go of the
+        // claim just written (best effort; its lease ends anyway) within the step's bound.
+        let left = self.command_timeout.saturating_sub(started.elapsed());
+        if !matches!(
+            tokio::time::timeout(left, self.release(key, token)).await,
+            Ok(Ok(()))
+        ) {
+            tracing::debug!(target: "idem", key = %key,
+                "could not release a claim refused after the loss of the Redis records; it ends with its lease");
+        }
+        Err(refused)
     }
 
     async fn complete(
@@ -279,12 +518,27 @@ impl Store for RedisStore {
         payload: Bytes,
         ttl: Duration,
     ) -> Result<(), StoreError> {
-        let mut script = scripts::COMPLETE.key(self.record_key(key));
-        script
-            .arg(&record::token_bytes(token)[..])
-            .arg(&payload[..])
-            .arg(record::millis(ttl));
-        record::held_reply("complete", self.run("complete", &script).await?)
+        let token = record::token_bytes(token);
+        let ttl = record::millis(ttl);
+        let Some(wait) = self.replicas else {
+            let mut script = scripts::COMPLETE.key(self.record_key(key));
+            script.arg(&token[..]).arg(&payload[..]).arg(ttl);
+            return record::held_reply("complete", self.run("complete", &script).await?);
+        };
+        let rkey = self.record_key(key);
+        let mut eval = evalsha(&scripts::COMPLETE, &rkey);
+        eval.arg(&token[..]).arg(&payload[..]).arg(ttl).arg(DURABLE);
+        let (reply, acknowledged) = self
+            .run_replicated("complete", wait, &scripts::COMPLETE, &rkey, eval)
+            .await?;
+        record::held_reply("complete", reply)?;
+        // Stored on the primary but not yet on enough replicas: an error, so that the
+        // engine completes again (same token: the first result stays, and is waited for
+        // again) rather than answer a result a failover can lose.
+        match wait.shortfall(self.conn.backend(), "complete", acknowledged) {
+            Some(shortfall) => Err(shortfall),
+            None => Ok(()),
+        }
     }
 
     async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError> {
@@ -323,7 +577,8 @@ impl Store for RedisStore {
     }
 
     /// The command timeout: each step is one script under it (its reload after a
-    /// `NOSCRIPT` included).
+    /// `NOSCRIPT` included, and with a durability level its `WAIT`, and the release of a
+    /// claim too few replicas acknowledged).
     fn step_bound(&self) -> Option<Duration> {
         Some(self.command_timeout)
     }

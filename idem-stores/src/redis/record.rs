@@ -12,13 +12,13 @@ use redis::Value;
 use super::BACKEND;
 
 /// Magic and format version: every record starts with these five bytes.
-const MAGIC: &[u8] = b"idem1";
+pub(crate) const MAGIC: &[u8] = b"idem1";
 /// Magic, state, token and fingerprint: where a completed record's payload starts.
-const HEADER_LEN: usize = 30;
+pub(crate) const HEADER_LEN: usize = 30;
 /// A header and the 15-digit lease deadline.
-const IN_PROGRESS_LEN: usize = 45;
-const COMPLETED: u8 = b'C';
-const IN_PROGRESS: u8 = b'P';
+pub(crate) const IN_PROGRESS_LEN: usize = 45;
+pub(crate) const COMPLETED: u8 = b'C';
+pub(crate) const IN_PROGRESS: u8 = b'P';
 
 /// The Redis key of a record: the prefix, then the idem key with `%`, `{` and `}`
 /// percent-encoded.
@@ -48,7 +48,7 @@ pub(crate) fn record_key(prefix: &str, key: &Key) -> String {
 
 /// The token as the scripts store and compare it: 8 bytes, big-endian.
 pub(crate) fn token_bytes(token: Token) -> [u8; 8] {
-    token.0.to_be_bytes()
+    token.get().to_be_bytes()
 }
 
 /// The longest duration handed to Redis, in ms (about 3,170 years): keeps `now + lease`
@@ -171,7 +171,7 @@ fn in_progress(parts: Vec<Value>) -> Result<(Fingerprint, Token, Duration), Stor
     if value.len() != IN_PROGRESS_LEN || !value.starts_with(MAGIC) || value[5] != IN_PROGRESS {
         return Err(not_a_record(&value));
     }
-    let token = Token(u64::from_be_bytes(
+    let token = Token::from_u64(u64::from_be_bytes(
         value[6..14].try_into().expect("8 bytes"),
     ));
     let fingerprint = Fingerprint::from_slice(&value[14..30]).expect("16 bytes");
@@ -179,7 +179,7 @@ fn in_progress(parts: Vec<Value>) -> Result<(Fingerprint, Token, Duration), Stor
     Ok((fingerprint, token, left))
 }
 
-fn not_a_record(value: &[u8]) -> StoreError {
+pub(crate) fn not_a_record(value: &[u8]) -> StoreError {
     const SHOWN: usize = 24;
     let shown = &value[..value.len().min(SHOWN)];
     let more = if value.len() > SHOWN { "..." } else { "" };
@@ -245,12 +245,12 @@ mod tests {
         v.extend_from_slice(&7u64.to_be_bytes());
         v.extend_from_slice(&[9; 16]);
         v.extend_from_slice(b"payload");
-        match claim_reply(Value::BulkString(v), Token(1)).unwrap() {
+        match claim_reply(Value::BulkString(v), Token::from_u64(1)).unwrap() {
             Claim::Completed {
                 fingerprint,
                 payload,
             } => {
-                assert_eq!(fingerprint, Fingerprint([9; 16]));
+                assert_eq!(fingerprint, Fingerprint::from_bytes([9; 16]));
                 assert_eq!(&payload[..], b"payload");
             }
             other => panic!("{other:?}"),
@@ -260,7 +260,8 @@ mod tests {
             b"idem1C-too-short",
             b"idem2C0123456789012345678901234567",
         ] {
-            let err = claim_reply(Value::BulkString(garbage.to_vec()), Token(1)).unwrap_err();
+            let err =
+                claim_reply(Value::BulkString(garbage.to_vec()), Token::from_u64(1)).unwrap_err();
             assert!(matches!(err, StoreError::Corrupt { .. }), "{err:?}");
         }
     }
@@ -278,8 +279,8 @@ mod tests {
                 token,
                 lease_remaining,
             }) => {
-                assert_eq!(fingerprint, Fingerprint([3; 16]));
-                assert_eq!(token, Token(0xdead_beef));
+                assert_eq!(fingerprint, Fingerprint::from_bytes([3; 16]));
+                assert_eq!(token, Token::from_u64(0xdead_beef));
                 assert_eq!(lease_remaining, Duration::from_millis(1500));
             }
             other => panic!("{other:?}"),
@@ -313,8 +314,8 @@ mod tests {
     #[test]
     fn claim_request_is_54_bytes() {
         let r = claim_request(
-            Token(0x0102),
-            &Fingerprint([7; 16]),
+            Token::from_u64(0x0102),
+            &Fingerprint::from_bytes([7; 16]),
             Duration::from_secs(30),
             Duration::ZERO,
         );
@@ -323,7 +324,13 @@ mod tests {
         assert_eq!(&r[8..24], &[7; 16]);
         assert_eq!(&r[24..], b"000000000030000000000000000000");
         assert_eq!(
-            claim_request(Token(1), &Fingerprint::NONE, Duration::MAX, Duration::MAX).len(),
+            claim_request(
+                Token::from_u64(1),
+                &Fingerprint::NONE,
+                Duration::MAX,
+                Duration::MAX
+            )
+            .len(),
             54
         );
     }

@@ -49,7 +49,27 @@ end
     };
 }
 
-/// `claim(key; request)`, where `request` is one 54-byte argument: token (8 bytes),
+/// `touch(key)`: sets the key's expiry to what it already is. It changes nothing, but it
+/// is a write, replicated like any other, and it comes after every earlier write of the key
+/// in the replication stream. A step that must be acknowledged by replicas (the store's
+/// `wait_for_replicas`) but found nothing to write (a replay, a resent claim or complete)
+/// touches the record, so that the `WAIT` that follows on the same connection measures the
+/// record's own replication, not whatever this connection last wrote (nothing, after a
+/// reconnect: `WAIT` would then answer at once). Redis 7.0 moves a connection's offset on
+/// every command, read-only ones too, which covers this already; the touch does not rely
+/// on that.
+macro_rules! touch {
+    () => {
+        r#"
+local function touch(k)
+  local ms = redis.call('PTTL', k)
+  if ms > 0 then redis.call('PEXPIRE', k, ms) end
+end
+"#
+    };
+}
+
+/// `claim(key; request[, durable])`, where `request` is one 54-byte argument: token (8 bytes),
 /// fingerprint (16), lease and recovery window in ms (15 ASCII digits each). One argument
 /// rather than four, because Redis builds the `ARGV` table on every call, the replay too:
 /// packed, the replay took 15-20% less server time in `INFO commandstats` (3.7-4.2 us
@@ -63,19 +83,28 @@ end
 /// lost, or the client retried): it answers acquired again and writes nothing. Replies: the
 /// stored value (completed, or not an idem record), `{record, ms_left}` for another's live
 /// claim, or the integer `0` (acquired, or resent) / `1` (acquired, taking over an ended
-/// lease).
-const CLAIM_LUA: &str = r#"
+/// lease). With a second argument (`durable`, any value), a replay and a resent claim touch
+/// the record (see `touch!`); without it the replay path is as above.
+const CLAIM_LUA: &str = concat!(
+    touch!(),
+    r#"
 local v = redis.call('GET', KEYS[1])
 local now
 if v then
-  if string.byte(v, 6) == 67 then return v end
+  if string.byte(v, 6) == 67 then
+    if ARGV[2] then touch(KEYS[1]) end
+    return v
+  end
   if #v ~= 45 or string.sub(v, 1, 6) ~= 'idem1P' then return v end
   local until_ms = tonumber(string.sub(v, 31, 45))
   if not until_ms then return v end
   local t = redis.call('TIME')
   now = t[1] * 1000 + math.floor(t[2] / 1000)
   if until_ms > now then
-    if string.sub(v, 7, 14) == string.sub(ARGV[1], 1, 8) then return 0 end
+    if string.sub(v, 7, 14) == string.sub(ARGV[1], 1, 8) then
+      if ARGV[2] then touch(KEYS[1]) end
+      return 0
+    end
     return {v, until_ms - now}
   end
 else
@@ -88,17 +117,21 @@ redis.call('SET', KEYS[1], 'idem1P' .. string.sub(a, 1, 24) .. string.format('%0
   'PX', lease + tonumber(string.sub(a, 40, 54)))
 if v then return 1 end
 return 0
-"#;
+"#
+);
 
-/// `complete(key; token, payload, ttl_ms)`: the held record becomes
+/// `complete(key; token, payload, ttl_ms[, durable])`: the held record becomes
 /// `idem1C | token | fingerprint | payload` for `ttl_ms`. A record that `token` already
-/// completed is this complete resent: `1`, and the record is left as it is. Replies `1`,
+/// completed is this complete resent: `1`, and the record is left as it is (touched, with
+/// `durable`, for the `WAIT` after it). Replies `1`,
 /// `0` (fenced) or `-1` (not an idem record).
 const COMPLETE_LUA: &str = concat!(
     prelude!(),
+    touch!(),
     r#"
 local v = redis.call('GET', KEYS[1])
 if v and #v >= 30 and string.sub(v, 1, 6) == 'idem1C' and string.sub(v, 7, 14) == ARGV[1] then
+  if ARGV[4] then touch(KEYS[1]) end
   return 1
 end
 local h = held(v, ARGV[1])

@@ -1,4 +1,5 @@
-//! Redis URLs: a cluster URL as one URL per node, and a URL with its password hidden.
+//! Redis URLs: a cluster URL as one URL per node (and, from `crate::redact`, a URL with its
+//! password hidden).
 
 #[cfg(feature = "redis-cluster")]
 use idem_core::Error;
@@ -41,20 +42,7 @@ pub(crate) fn cluster_nodes(url: &str) -> Result<Vec<String>, Error> {
     Ok(nodes)
 }
 
-/// A URL with its password hidden, for messages.
-pub(crate) fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let end = rest.find(['/', '?']).unwrap_or(rest.len());
-    match rest[..end].rsplit_once('@') {
-        Some((auth, hosts)) if auth.contains(':') => {
-            let user = auth.split(':').next().unwrap_or("");
-            format!("{scheme}://{user}:***@{hosts}{}", &rest[end..])
-        }
-        _ => url.to_string(),
-    }
-}
+pub(crate) use crate::redact::redact;
 
 #[cfg(test)]
 mod tests {

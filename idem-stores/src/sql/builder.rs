@@ -18,6 +18,7 @@ pub struct SqlStoreBuilder<D: Dialect> {
     connect_timeout: Duration,
     table: String,
     migrate: bool,
+    migrate_lock_timeout: Duration,
     pub(crate) settings: D::Settings,
 }
 
@@ -28,6 +29,7 @@ impl<D: Dialect> Clone for SqlStoreBuilder<D> {
             connect_timeout: self.connect_timeout,
             table: self.table.clone(),
             migrate: self.migrate,
+            migrate_lock_timeout: self.migrate_lock_timeout,
             settings: self.settings.clone(),
         }
     }
@@ -41,6 +43,7 @@ impl<D: Dialect> std::fmt::Debug for SqlStoreBuilder<D> {
             .field("connect_timeout", &self.connect_timeout)
             .field("table", &self.table)
             .field("migrate", &self.migrate)
+            .field("migrate_lock_timeout", &self.migrate_lock_timeout)
             .field("settings", &self.settings)
             .finish()
     }
@@ -53,6 +56,7 @@ impl<D: Dialect> Default for SqlStoreBuilder<D> {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             table: DEFAULT_TABLE.to_owned(),
             migrate: true,
+            migrate_lock_timeout: super::DEFAULT_MIGRATE_LOCK_TIMEOUT,
             settings: D::Settings::default(),
         }
     }
@@ -88,13 +92,52 @@ impl<D: Dialect> SqlStoreBuilder<D> {
         self
     }
 
+    /// How long connecting waits for a migration of the same table that another process
+    /// runs (default 60 s), as [`SqlStore::with_migrate_lock_timeout`] sets it.
+    pub fn migrate_lock_timeout(mut self, timeout: Duration) -> Self {
+        self.migrate_lock_timeout = timeout;
+        self
+    }
+
     /// Opens a pool on `url`. See [`connect_with`](Self::connect_with).
+    ///
+    /// A URL of another scheme, or one that does not parse, is an [`Error::Config`]; no
+    /// error shows the URL's password.
     pub async fn connect(self, url: &str) -> Result<SqlStore<D>, Error> {
-        // The password is not shown: the check's message names the URL.
-        crate::tls::check(url, || format!("{} URL", D::BACKEND))?;
+        let schemes = D::SCHEMES
+            .iter()
+            .map(|s| format!("`{s}://`"))
+            .collect::<Vec<_>>()
+            .join(" or ");
+        match crate::redact::scheme(url) {
+            Some(scheme) if D::SCHEMES.contains(&scheme) => {}
+            None if D::BARE_PATHS => {}
+            found => {
+                let found = match found {
+                    Some(scheme) => {
+                        format!("`{}` is a `{scheme}://` URL", crate::redact::redact(url))
+                    }
+                    // Not shown: without a scheme, nothing tells its password apart.
+                    None => {
+                        "this one has no `scheme://` (it is not shown, as it may hold a password)"
+                            .into()
+                    }
+                };
+                return Err(Error::Config {
+                    message: format!("{} takes a {schemes} URL; {found}", D::STORE),
+                    source: None,
+                });
+            }
+        }
+        crate::tls::check(url, || crate::redact::redact(url))?;
         let options = <D::Connection as sqlx::Connection>::Options::from_str(url).map_err(|e| {
-            Error::Connect {
-                message: format!("invalid {} URL", D::BACKEND),
+            let shown = match crate::redact::scheme(url) {
+                Some(_) => format!("`{}`", crate::redact::redact(url)),
+                None => "this path (not shown: it has no `scheme://`)".into(),
+            };
+            // sqlx's reason ("invalid port number") names no part of the URL.
+            Error::Config {
+                message: format!("{shown} is not a valid {} URL", D::BACKEND),
                 source: Some(Box::new(e)),
             }
         })?;
@@ -123,7 +166,10 @@ impl<D: Dialect> SqlStoreBuilder<D> {
             .test_before_acquire(false)
             .acquire_timeout(self.acquire_timeout)
             .connect_lazy_with(options);
-        let store = SqlStore::new(pool).with_table(&self.table)?;
+        let store = SqlStore::new(pool)
+            .with_settings(self.settings.clone())
+            .with_table(&self.table)?
+            .with_migrate_lock_timeout(self.migrate_lock_timeout);
         if self.migrate {
             store.migrate().await.map_err(|e| Error::Connect {
                 message: format!(

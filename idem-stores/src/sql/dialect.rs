@@ -100,6 +100,13 @@ pub struct Statements {
     pub delete_ended: Sql,
     /// `purge(limit)`: deletes at most `limit` ended records.
     pub purge: Sql,
+    /// `delete_seen(key, token)`: deletes the live record of this token (a claim or the
+    /// result it completed), one row affected; what an operator deletes after looking.
+    pub delete_seen: Sql,
+    /// `count_ended()`: one row, `n`: how many ended records a purge would delete.
+    pub count_ended: Sql,
+    /// `stats()`: one row, `in_progress`, `completed`, `ended`: records by state.
+    pub stats: Sql,
     /// The dialect's claim statements, which only its `claim` reads.
     pub claim: Vec<Sql>,
 }
@@ -110,6 +117,9 @@ pub struct Migration {
     /// Takes the lock that serialises migrations of this table (and opens a transaction
     /// where DDL is transactional).
     pub lock: Vec<String>,
+    /// A query answering 1 when it took the lock, anything else when it did not (MySQL's
+    /// `GET_LOCK`, which answers 0 when its timeout ran out): the migration then fails.
+    pub acquire: Option<String>,
     /// Ends what `lock` began after success.
     pub commit: Vec<String>,
     /// Ends what `lock` began after a failure.
@@ -125,30 +135,69 @@ pub struct Migration {
     pub steps: Vec<(i64, Vec<String>)>,
 }
 
-/// A SQL database idem can keep records in. Sealed: implemented by `sqlx::Postgres`,
-/// `sqlx::Sqlite` and `sqlx::MySql` in this crate.
+impl Migration {
+    /// The schema version this build's steps bring a table to.
+    pub fn newest(&self) -> i64 {
+        self.steps.last().map_or(0, |(v, _)| *v)
+    }
+}
+
+/// A SQL database idem keeps records in: the `D` of [`SqlStore<D>`], implemented by
+/// sqlx's `Postgres`, `Sqlite` and `MySql` (features `postgres`, `sqlite`, `mysql`), and
+/// named through their aliases ([`PostgresStore`](crate::PostgresStore),
+/// [`SqliteStore`](crate::SqliteStore), [`MySqlStore`](crate::MySqlStore)).
+///
+/// Sealed: only this crate implements it, so that a new database is a new file here (its
+/// statements, migration, claim and error codes) and no change breaks an outside
+/// implementation. Write generic code over the stores with `D: Dialect`:
+///
+/// ```
+/// use idem_stores::{Dialect, SqlStore};
+///
+/// fn table_of<D: Dialect>(store: &SqlStore<D>) -> String {
+///     format!("{} table {}", D::BACKEND, store.table())
+/// }
+/// ```
+///
+/// What a dialect supplies beyond its names is the store's own business and hidden.
 #[async_trait]
 pub trait Dialect: Driver + Sealed + Sized {
     /// The backend's name in errors and metrics.
     const BACKEND: &'static str;
     /// The user-facing store name, in error messages (`PostgresStore`).
     const STORE: &'static str;
+    #[doc(hidden)]
+    /// The URL schemes its `connect` takes (`postgres`, `postgresql`).
+    const SCHEMES: &'static [&'static str];
+    #[doc(hidden)]
+    /// Whether its `connect` also takes what has no `scheme://` (SQLite: a file path, or
+    /// `sqlite:file.db`).
+    const BARE_PATHS: bool = false;
+    #[doc(hidden)]
     /// Whether a table name may carry a schema (`schema.table`).
     const SCHEMA_QUALIFIED: bool = false;
 
+    #[doc(hidden)]
     /// Options a dialect's builder adds to the shared ones (SQLite: its busy timeout).
     type Settings: Default + Clone + fmt::Debug + Send + Sync;
 
-    /// The statements for `table`.
-    fn statements(table: &TableName) -> Statements;
-    /// The migration of `table`.
-    fn migration(table: &TableName) -> Migration;
+    #[doc(hidden)]
+    /// The statements for `table`, with the settings that shape them (Postgres: the
+    /// commit level of its writes).
+    fn statements(table: &TableName, settings: &Self::Settings) -> Statements;
+    #[doc(hidden)]
+    /// The migration of `table`, waiting at most `lock_timeout` for its lock.
+    fn migration(table: &TableName, lock_timeout: Duration) -> Migration;
+    #[doc(hidden)]
     /// Sorts a database error.
     fn classify(db: &dyn sqlx::error::DatabaseError) -> DbErrorKind;
+    #[doc(hidden)]
     /// The key column's value for `key`.
     fn key(key: &Key) -> Arg;
+    #[doc(hidden)]
     /// How many rows a statement affected.
     fn rows_affected(done: &Self::QueryResult) -> u64;
+    #[doc(hidden)]
     /// The connect options as the store needs them, with the builder's settings applied
     /// (as they are, unless the dialect needs more).
     fn prepare(
@@ -157,19 +206,13 @@ pub trait Dialect: Driver + Sealed + Sized {
     ) -> <Self::Connection as sqlx::Connection>::Options {
         options
     }
-    /// What a connect error names: the server or file the options point at. By default
-    /// the host, port and database of the options' URL (never its user or password).
-    fn describe(options: &<Self::Connection as sqlx::Connection>::Options) -> String {
-        let url = sqlx::ConnectOptions::to_url_lossy(options);
-        let port = url.port().map(|p| format!(":{p}")).unwrap_or_default();
-        format!(
-            "{} at {}{port} (database `{}`)",
-            Self::BACKEND,
-            url.host_str().unwrap_or("localhost"),
-            url.path().trim_start_matches('/')
-        )
-    }
+    #[doc(hidden)]
+    /// What a connect error names: the server or file the options point at (never the
+    /// user or password). Read from the options one by one: sqlx's own URL of them
+    /// (`to_url_lossy`) panics on some (a Unix socket as the host).
+    fn describe(options: &<Self::Connection as sqlx::Connection>::Options) -> String;
 
+    #[doc(hidden)]
     /// A connect error, with what the dialect can tell about its cause.
     fn explain_connect_error(
         _options: &<Self::Connection as sqlx::Connection>::Options,
@@ -178,6 +221,7 @@ pub trait Dialect: Driver + Sealed + Sized {
         e
     }
 
+    #[doc(hidden)]
     /// The claim: one atomic step, as `Store::claim` describes it.
     async fn claim(store: &SqlStore<Self>, request: ClaimRequest<'_>) -> Result<Claim, StoreError>;
 }
@@ -208,7 +252,7 @@ impl ClaimRequest<'_> {
     }
 }
 
-/// Keeps [`Dialect`] to the databases this crate implements it for.
+/// Keeps [`Dialect`] to the databases this crate implements it for (unnameable outside it).
 pub trait Sealed {}
 
 #[cfg(feature = "postgres")]
@@ -392,6 +436,24 @@ where
         };
     }
     q
+}
+
+/// What a connect error names of a server: `<backend> at <host>:<port> (database <db>)`,
+/// or the socket instead of the host and port.
+pub(crate) fn describe_server(
+    backend: &str,
+    socket: Option<&std::path::Path>,
+    host: &str,
+    port: u16,
+    database: Option<&str>,
+) -> String {
+    let at = match socket {
+        Some(socket) => format!("the socket in `{}`", socket.display()),
+        // Postgres without a host in its URL: the directory of a local socket, if any.
+        None if host.starts_with('/') => format!("the socket in `{host}` (port {port})"),
+        None => format!("{host}:{port}"),
+    };
+    format!("{backend} at {at} (database `{}`)", database.unwrap_or(""))
 }
 
 #[cfg(test)]

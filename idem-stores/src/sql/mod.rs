@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use idem_core::{Claim, Error, Fingerprint, Record, StoreError, Token};
 
+mod admin;
 mod builder;
 pub(crate) mod dialect;
 #[cfg(feature = "mysql")]
@@ -24,7 +25,8 @@ mod store;
 mod tx;
 
 pub use builder::SqlStoreBuilder;
-pub use store::SqlStore;
+pub use dialect::Dialect;
+pub use store::{SqlStore, DEFAULT_MIGRATE_LOCK_TIMEOUT};
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub use tx::Transactional;
 
@@ -36,8 +38,7 @@ pub const DEFAULT_TABLE: &str = "idem_records";
 /// says so itself before the engine gives up on the step.
 pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// The default longest wait for the first connection when a store connects.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+pub(crate) use crate::DEFAULT_CONNECT_TIMEOUT;
 
 /// Longest table name part: the store derives index and schema-version names from
 /// it by appending up to 10 bytes, and Postgres cuts identifiers at 63.
@@ -198,11 +199,11 @@ pub(crate) fn remaining(ms: i64) -> Duration {
 
 /// A token as the database keeps it: a signed 64-bit integer, the same bits.
 pub(crate) fn token_to_db(token: Token) -> i64 {
-    token.0 as i64
+    token.get() as i64
 }
 
 pub(crate) fn token_from_db(token: i64) -> Token {
-    Token(token as u64)
+    Token::from_u64(token as u64)
 }
 
 /// The columns of a live record, as both stores read them.
@@ -393,6 +394,9 @@ mod tests {
         assert_eq!(millis(Duration::from_millis(300)), 300);
         assert_eq!(millis(Duration::MAX), MAX_MILLIS);
         assert_eq!(remaining(-5), Duration::ZERO);
-        assert_eq!(token_from_db(token_to_db(Token(u64::MAX))), Token(u64::MAX));
+        assert_eq!(
+            token_from_db(token_to_db(Token::from_u64(u64::MAX))),
+            Token::from_u64(u64::MAX)
+        );
     }
 }

@@ -1,10 +1,12 @@
 //! `MySqlStore`: records in one MySQL or MariaDB table (InnoDB), each step one round trip,
 //! time from the server's clock.
 //!
-//! MySQL has no statement that both writes and answers rows, so the claim is a stored
-//! procedure (`<table>_claim`, created by `migrate`), called in one round trip: it reads the
-//! record first and writes only when no live record exists, as the Postgres claim does,
-//! then answers with the record. A first claim inserts (a concurrent one that lost the
+//! A claim reads the record first with a plain indexed `SELECT`, which answers a replay
+//! or a running duplicate. MySQL has no statement that both writes and answers rows, so
+//! the claim proper is a stored procedure (`<table>_claim`, created by `migrate`), called
+//! in one round trip only for a key without a live record (or a resent claim): it reads
+//! the record again and writes only when no live record exists, as the Postgres claim
+//! does, then answers with the record. A first claim inserts (a concurrent one that lost the
 //! race gets a duplicate key, handled inside the procedure); a takeover is an `UPDATE ...
 //! WHERE ends_at <= now`, which InnoDB re-checks under the row lock, so exactly one of
 //! several concurrent takeovers matches.
@@ -14,26 +16,24 @@
 //! `max_allowed_packet` (16 MiB by default on MariaDB 10.11 and MySQL 8) bounds what one
 //! `complete` can send.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use idem_core::{Claim, Key, StoreError};
 use sqlx::mysql::{MySqlDatabaseError, MySqlQueryResult};
-pub use sqlx::MySql;
+use sqlx::MySql;
 
 use super::dialect::{Arg, ClaimRequest, Col, Dialect, Driver, Migration, Sql, Statements};
 use super::{
     token_from_db, token_to_db, DbErrorKind, LiveRow, NoAnswer, SqlStore, SqlStoreBuilder,
     TableName, CLAIM_ATTEMPTS,
 };
-pub use super::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT};
-
-/// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 1;
 
 /// Idempotency records in a MySQL or MariaDB table (default `idem_records`), on a sqlx
 /// [`MySqlPool`](sqlx::MySqlPool): the generic [`SqlStore`] in the MySQL dialect.
 ///
-/// Every step is one round trip: a first call costs 2 (claim, complete), a replay 1 (the
-/// claim answers with the stored result). Leases and expiry run on the server's clock
+/// Every step is one round trip: a first call costs 3 (read, claim, complete), a replay 1
+/// (the read answers with the stored result, without calling the procedure). Leases and expiry run on the server's clock
 /// (`UTC_TIMESTAMP(3)`), never the client's. The claim is a stored procedure, so the
 /// database user needs `CREATE ROUTINE` to migrate and `EXECUTE` to claim.
 ///
@@ -60,18 +60,29 @@ pub type MySqlStoreBuilder = SqlStoreBuilder<MySql>;
 /// The server's clock in milliseconds since the Unix epoch. `UTC_TIMESTAMP` and
 /// `TIMESTAMPDIFF` do no time zone conversion, so the session's `time_zone` (and its
 /// daylight saving hour that happens twice) cannot move it.
-const NOW_MS: &str =
+pub(crate) const NOW_MS: &str =
     "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)";
 
 #[async_trait]
 impl Dialect for MySql {
     const BACKEND: &'static str = "mysql";
     const STORE: &'static str = "MySqlStore";
+    const SCHEMES: &'static [&'static str] = &["mysql", "mariadb"];
     type Settings = ();
+
+    fn describe(options: &sqlx::mysql::MySqlConnectOptions) -> String {
+        super::dialect::describe_server(
+            Self::BACKEND,
+            options.get_socket().map(|p| p.as_path()),
+            options.get_host(),
+            options.get_port(),
+            options.get_database(),
+        )
+    }
 
     /// The statements of one table. Parameters are numbered in the order the store binds them
     /// and turned into MySQL's positional `?` by [`Sql::positional`].
-    fn statements(table: &TableName) -> Statements {
+    fn statements(table: &TableName, _settings: &Self::Settings) -> Statements {
         let t = table.backticked_with("");
         let claim = table.backticked_with("_claim");
         let held = format!("`key` = $1 AND token = $2 AND NOT completed AND ends_at > {NOW_MS}");
@@ -99,20 +110,40 @@ impl Dialect for MySql {
             delete_ended: Sql::positional(&format!(
                 "DELETE FROM {t} WHERE `key` = $1 AND ends_at <= {NOW_MS}"
             )),
+            delete_seen: Sql::positional(&format!(
+                "DELETE FROM {t} WHERE `key` = $1 AND token = $2 AND ends_at > {NOW_MS}"
+            )),
+            count_ended: Sql::positional(&format!(
+                "SELECT CAST(count(*) AS SIGNED) AS n FROM {t} WHERE ends_at <= {NOW_MS}"
+            )),
+            // UTC_TIMESTAMP is read once per statement.
+            stats: Sql::positional(&format!(
+                "SELECT CAST(COALESCE(SUM(ends_at > {NOW_MS} AND NOT completed), 0) AS SIGNED) AS in_progress,
+                        CAST(COALESCE(SUM(ends_at > {NOW_MS} AND completed), 0) AS SIGNED) AS completed,
+                        CAST(COALESCE(SUM(ends_at <= {NOW_MS}), 0) AS SIGNED) AS ended
+                 FROM {t}"
+            )),
             purge: Sql::positional(&format!(
                 "DELETE FROM {t} WHERE ends_at <= {NOW_MS} ORDER BY ends_at LIMIT $1"
             )),
         }
     }
 
-    fn migration(table: &TableName) -> Migration {
+    fn migration(table: &TableName, lock_timeout: Duration) -> Migration {
         let versions = table.backticked_with("_schema");
         // DDL commits on its own in MySQL, so no transaction: a named lock (a session's,
         // at most 64 characters; the table name is at most 48) serialises migrations,
         // and every step is written to be run again.
         let lock = format!("'idem.migrate:{table}'");
         Migration {
-            lock: vec![format!("DO GET_LOCK({lock}, 60)")],
+            // GET_LOCK answers 1 when taken, 0 when its timeout (whole seconds) ran out,
+            // NULL on an error: anything but 1 fails the migration, which then changes
+            // nothing (and releases no lock it does not hold).
+            lock: vec![],
+            acquire: Some(format!(
+                "SELECT CAST(COALESCE(GET_LOCK({lock}, {}), 0) AS SIGNED)",
+                lock_timeout.as_secs() + u64::from(lock_timeout.subsec_nanos() > 0)
+            )),
             commit: vec![format!("DO RELEASE_LOCK({lock})")],
             abort: vec![format!("DO RELEASE_LOCK({lock})")],
             create_versions: format!(
@@ -182,6 +213,14 @@ impl Dialect for MySql {
         let ClaimRequest { key, token, .. } = request;
         let err = |e| store.error(e);
         let mine = token_to_db(token);
+        // A plain indexed read first, as on Postgres: a replay (or a duplicate of a call
+        // still running) is answered by a `SELECT`, which the server runs far faster than a
+        // procedure `CALL` (parsed, with its own statements, and a result set of its own).
+        // Only a key with no live record, or one this token holds (a resent claim), goes on
+        // to the procedure: a first call costs a third round trip, next to its two commits.
+        if let Some(answer) = store.claim_by_reading(key, token).await? {
+            return Ok(answer);
+        }
         for attempt in 1..=CLAIM_ATTEMPTS {
             let args = request.args::<MySql>();
             let row = MySql::fetch_optional(store.pool(), &store.statements().claim[0], args)

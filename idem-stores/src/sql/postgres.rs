@@ -13,20 +13,17 @@
 //! cannot hold NUL, and every key `Key::new` accepts must work here.
 
 use std::borrow::Cow;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use idem_core::{Claim, Key, StoreError};
 use sqlx::postgres::PgQueryResult;
-pub use sqlx::Postgres;
+use sqlx::Postgres;
 
 use super::dialect::{Arg, ClaimRequest, Dialect, Migration, Sql, Statements};
 use super::{
     token_from_db, DbErrorKind, NoAnswer, SqlStore, SqlStoreBuilder, TableName, CLAIM_ATTEMPTS,
 };
-pub use super::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT};
-
-/// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 1;
 
 /// Idempotency records in a Postgres table (default `idem_records`), on a sqlx
 /// [`PgPool`](sqlx::PgPool): the generic [`SqlStore`] in the Postgres dialect.
@@ -65,19 +62,150 @@ pub type PostgresStore = SqlStore<Postgres>;
 /// ```
 pub type PostgresStoreBuilder = SqlStoreBuilder<Postgres>;
 
+/// The commit level of the store's own writes: Postgres' [`synchronous_commit`], for a
+/// cluster with a synchronous standby (`synchronous_standby_names`). Set it with
+/// [`PostgresStoreBuilder::synchronous_commit`] or [`PostgresStore::with_synchronous_commit`].
+///
+/// **What it covers.** Every statement of a store step that writes a record (claim,
+/// complete, release, extend, delete) commits at this level; reads, `purge_expired`, the
+/// migration and the transactional dedup (`mark_processed_in`, `save_result_in`, which
+/// commit with your transaction: `SET LOCAL synchronous_commit` in it) are left as they
+/// are. The level is set inside the statement (`set_config('synchronous_commit', ..,
+/// true)`, evaluated for each row it writes), so it costs no round trip and applies to
+/// that statement's transaction only: nothing else on the pool changes. (Where only a URL
+/// can be given, as to `idem::connect` or the `idem` command, sqlx's
+/// `?options[synchronous_commit]=remote_apply` sets it for the pool's whole sessions
+/// instead.)
+///
+/// **Without it** (the default) idem sets nothing and the server's own setting applies.
+/// With an asynchronous standby, or `synchronous_commit = local` on the server, a result
+/// is acknowledged once it is on the primary's disk: a failover to a standby that had not
+/// received it yet loses it, and the retry of that key runs the body again (the failover
+/// test measured this; see RELIABILITY.md). With [`RemoteWrite`](Self::RemoteWrite),
+/// [`On`](Self::On) or [`RemoteApply`](Self::RemoteApply) and a synchronous standby, no
+/// acknowledged claim or result is lost when that standby is promoted. Promote one that
+/// was synchronous: an asynchronous standby beside it may lag as before, and with a quorum
+/// (`ANY n (...)`) only the standbys that confirmed hold a commit, so promote the one
+/// furthest ahead.
+///
+/// **When the standby falls behind or goes away**, Postgres holds each commit until a
+/// synchronous standby confirms it. The engine's step timeout (5 s by default) then ends
+/// the step with a temporary [`StoreError::Timeout`]: a claim that timed out runs no body
+/// (fail closed), and a complete that timed out after the body ran is retried within the
+/// lease and never releases the claim, so no second run follows. Postgres' caveat: a
+/// commit whose wait is given up on (by the client, a cancel or the end of its session)
+/// has already committed on the primary; it becomes visible there once the wait ends,
+/// without the standby's confirmation. So a claim that timed out may show up later as an
+/// in-progress claim (taken over when its lease ends), and a result that timed out may be
+/// stored after all, and is then replayed. Giving up does not end the wait on the server:
+/// each write that timed out keeps its server connection busy (waiting for the standby, or
+/// for the row lock of the one that does) until the standby answers, so a long outage can
+/// use up the pool and the server's connections; calls then fail with `Error::Store` too.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), idem::Error> {
+/// use idem::stores::{PostgresStore, SynchronousCommit};
+/// let store = PostgresStore::builder()
+///     .synchronous_commit(SynchronousCommit::RemoteApply)
+///     .connect("postgres://app@primary/app")
+///     .await?;
+/// let idem = idem::Idem::new(store);
+/// # let _ = idem; Ok(()) }
+/// ```
+///
+/// [`synchronous_commit`]: https://www.postgresql.org/docs/current/runtime-config-wal.html#GUC-SYNCHRONOUS-COMMIT
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SynchronousCommit {
+    /// `off`: the commit does not wait even for the primary's disk; a crash of the
+    /// primary may lose the last acknowledged writes (at most three times
+    /// `wal_writer_delay`).
+    Off,
+    /// `local`: waits for the primary's disk only, never a standby.
+    Local,
+    /// `remote_write`: also waits until the synchronous standbys have written the commit
+    /// (to their operating system, not yet their disk): a promoted standby has it unless
+    /// it crashed too.
+    RemoteWrite,
+    /// `on`: also waits until the synchronous standbys have flushed the commit to disk.
+    On,
+    /// `remote_apply`: also waits until the synchronous standbys have applied it, so a
+    /// read on one of them sees it too.
+    RemoteApply,
+}
+
+impl SynchronousCommit {
+    /// The setting's value as Postgres spells it (`remote_apply`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SynchronousCommit::Off => "off",
+            SynchronousCommit::Local => "local",
+            SynchronousCommit::RemoteWrite => "remote_write",
+            SynchronousCommit::On => "on",
+            SynchronousCommit::RemoteApply => "remote_apply",
+        }
+    }
+
+    /// The conjunct a writing statement's `WHERE` ends with: true, and sets the level for
+    /// the statement's transaction (`is_local`), so that its commit waits as asked. A
+    /// literal of this enum's, never user text.
+    fn conjunct(self) -> String {
+        format!(
+            " AND set_config('synchronous_commit', '{}', true) IS NOT NULL",
+            self.as_str()
+        )
+    }
+}
+
+impl SqlStoreBuilder<Postgres> {
+    /// Commits the store's writes at `level` (default: the server's own setting, nothing
+    /// set). See [`SynchronousCommit`] for what each level guarantees and what a standby
+    /// that stops answering does to a call.
+    pub fn synchronous_commit(mut self, level: SynchronousCommit) -> Self {
+        self.settings = Some(level);
+        self
+    }
+}
+
+impl SqlStore<Postgres> {
+    /// This store with its writes committed at `level`, as
+    /// [`PostgresStoreBuilder::synchronous_commit`] sets it; for a store on your pool.
+    pub fn with_synchronous_commit(self, level: SynchronousCommit) -> Self {
+        self.with_settings(Some(level))
+    }
+
+    /// The commit level of the store's writes, `None` for the server's own.
+    pub fn synchronous_commit(&self) -> Option<SynchronousCommit> {
+        *self.settings()
+    }
+}
+
 #[async_trait]
 impl Dialect for Postgres {
     const BACKEND: &'static str = "postgres";
     const STORE: &'static str = "PostgresStore";
+    const SCHEMES: &'static [&'static str] = &["postgres", "postgresql"];
     const SCHEMA_QUALIFIED: bool = true;
-    type Settings = ();
+    type Settings = Option<SynchronousCommit>;
 
-    fn statements(table: &TableName) -> Statements {
+    fn describe(options: &sqlx::postgres::PgConnectOptions) -> String {
+        super::dialect::describe_server(
+            Self::BACKEND,
+            options.get_socket().map(|p| p.as_path()),
+            options.get_host(),
+            options.get_port(),
+            options.get_database(),
+        )
+    }
+
+    fn statements(table: &TableName, level: &Option<SynchronousCommit>) -> Statements {
         let t = table.quoted();
+        // The commit level, set inside each writing statement (see `SynchronousCommit`): a
+        // conjunct of its `WHERE`, so every row it writes was written with it in force.
+        let at = level.map_or(String::new(), |l| l.conjunct());
         // Only the holder of the current token, while its lease runs, may touch a claim.
-        let held = "key = $1 AND token = $2 AND NOT completed AND ends_at > now()";
+        let held = format!("key = $1 AND token = $2 AND NOT completed AND ends_at > now(){at}");
         Statements {
-            claim: vec![Sql::numbered(claim_sql(&t))],
+            claim: vec![Sql::numbered(claim_sql(&t, &at))],
             // Also matches the record this token completed (a repeat), which it rewrites
             // with its own values: one statement, and a repeat that waited on the row lock
             // of its original still finds the completed row.
@@ -86,7 +214,7 @@ impl Dialect for Postgres {
                     payload = CASE WHEN completed THEN payload ELSE $3 END,
                     ends_at = CASE WHEN completed THEN ends_at
                                    ELSE clock_timestamp() + $4 * interval '1 millisecond' END
-                 WHERE key = $1 AND token = $2 AND ends_at > now()"
+                 WHERE key = $1 AND token = $2 AND ends_at > now(){at}"
             )),
             release: Sql::numbered(format!("DELETE FROM {t} WHERE {held}")),
             exists: Sql::numbered(format!("SELECT 1 FROM {t} WHERE key = $1")),
@@ -97,9 +225,23 @@ impl Dialect for Postgres {
                 "SELECT completed, fingerprint, token, payload, {REMAINING_MS} AS remaining_ms
                  FROM {t} WHERE key = $1 AND ends_at > now()"
             )),
-            delete: Sql::numbered(format!("DELETE FROM {t} WHERE key = $1 AND ends_at > now()")),
+            delete: Sql::numbered(format!(
+                "DELETE FROM {t} WHERE key = $1 AND ends_at > now(){at}"
+            )),
             delete_ended: Sql::numbered(format!(
                 "DELETE FROM {t} WHERE key = $1 AND ends_at <= now()"
+            )),
+            delete_seen: Sql::numbered(format!(
+                "DELETE FROM {t} WHERE key = $1 AND token = $2 AND ends_at > now(){at}"
+            )),
+            count_ended: Sql::numbered(format!(
+                "SELECT count(*) AS n FROM {t} WHERE ends_at <= now()"
+            )),
+            stats: Sql::numbered(format!(
+                "SELECT count(*) FILTER (WHERE ends_at > now() AND NOT completed) AS in_progress,
+                        count(*) FILTER (WHERE ends_at > now() AND completed) AS completed,
+                        count(*) FILTER (WHERE ends_at <= now()) AS ended
+                 FROM {t}"
             )),
             purge: Sql::numbered(format!(
                 "DELETE FROM {t} WHERE key IN (
@@ -109,17 +251,24 @@ impl Dialect for Postgres {
         }
     }
 
-    fn migration(table: &TableName) -> Migration {
+    fn migration(table: &TableName, lock_timeout: Duration) -> Migration {
         let versions = table.quoted_with("_schema");
         Migration {
             // The lock is named after the table (an identifier, so it can be spliced), and
             // held until the transaction ends: DDL is transactional in Postgres.
+            // `lock_timeout` bounds the wait for it (and for the DDL's own locks), for
+            // this transaction only; running out is `lock_not_available` (55P03).
             lock: vec![
                 "BEGIN".into(),
+                format!(
+                    "SET LOCAL lock_timeout = {}",
+                    super::millis(lock_timeout).clamp(1, i64::from(i32::MAX))
+                ),
                 format!(
                     "SELECT pg_advisory_xact_lock(hashtextextended('idem.migrate:{table}', 0))"
                 ),
             ],
+            acquire: None,
             commit: vec!["COMMIT".into()],
             abort: vec!["ROLLBACK".into()],
             create_versions: format!(
@@ -192,10 +341,8 @@ impl Dialect for Postgres {
         // more to plan and run than the read. Only a key with no live record, or one this
         // token holds (a resent claim), goes on to the claim statement: a first call costs
         // a third round trip, next to its two commits.
-        if let Some(live) = store.live(key).await? {
-            if live.completed || live.token != super::token_to_db(token) {
-                return live.into_claim(Self::BACKEND);
-            }
+        if let Some(answer) = store.claim_by_reading(key, token).await? {
+            return Ok(answer);
         }
         for attempt in 1..=CLAIM_ATTEMPTS {
             let args = request.args::<Postgres>();
@@ -257,8 +404,10 @@ fn stored_key(key: &Key) -> Cow<'_, str> {
 /// `$4` is this claim resent: state 0, not recovered, and nothing written.
 ///
 /// The new lease runs from `clock_timestamp()`, the time the row is written, so a statement
-/// that waited on a lock does not hand out a shorter lease; checks use `now()`.
-fn claim_sql(t: &str) -> String {
+/// that waited on a lock does not hand out a shorter lease; checks use `now()`. `at` is
+/// the commit level's conjunct (or nothing), in the `WHERE` of the insert's one row, so
+/// an insert or a takeover is only ever written with it in force.
+fn claim_sql(t: &str, at: &str) -> String {
     format!(
         "WITH cur AS (
             SELECT completed, fingerprint, token, payload, ends_at, ends_at > now() AS live
@@ -267,7 +416,7 @@ fn claim_sql(t: &str) -> String {
         taken AS (
             INSERT INTO {t} AS r (key, fingerprint, token, completed, payload, ends_at)
             SELECT $1, $2, $4, false, NULL, clock_timestamp() + $3 * interval '1 millisecond'
-            WHERE NOT EXISTS (SELECT 1 FROM cur WHERE live)
+            WHERE NOT EXISTS (SELECT 1 FROM cur WHERE live){at}
             ON CONFLICT (key) DO UPDATE
                 SET fingerprint = excluded.fingerprint, token = excluded.token, completed = false,
                     payload = NULL, ends_at = excluded.ends_at
@@ -361,6 +510,49 @@ mod tests {
             let key = Key::new("scope", &id).unwrap();
             assert_eq!(decode(&stored_key(&key)), key.as_str());
         }
+    }
+
+    #[test]
+    fn a_commit_level_is_in_every_writing_statement_and_nowhere_else() {
+        let table = TableName::parse("postgres", "idem_records", true).unwrap();
+        let at = "set_config('synchronous_commit', 'remote_write', true)";
+        let levelled = Postgres::statements(&table, &Some(SynchronousCommit::RemoteWrite));
+        let writes = [
+            &levelled.claim[0],
+            &levelled.complete,
+            &levelled.release,
+            &levelled.extend,
+            &levelled.delete,
+            &levelled.delete_seen,
+        ];
+        for sql in writes {
+            assert_eq!(sql.text.matches(at).count(), 1, "{}", sql.text);
+        }
+        for sql in [
+            &levelled.get,
+            &levelled.exists,
+            &levelled.purge,
+            &levelled.stats,
+        ] {
+            assert!(!sql.text.contains("set_config"), "{}", sql.text);
+        }
+        let plain = Postgres::statements(&table, &None);
+        assert!(!plain.claim[0].text.contains("set_config"));
+        assert!(!plain.complete.text.contains("set_config"));
+        let names: Vec<&str> = [
+            SynchronousCommit::Off,
+            SynchronousCommit::Local,
+            SynchronousCommit::RemoteWrite,
+            SynchronousCommit::On,
+            SynchronousCommit::RemoteApply,
+        ]
+        .iter()
+        .map(|l| l.as_str())
+        .collect();
+        assert_eq!(
+            names,
+            ["off", "local", "remote_write", "on", "remote_apply"]
+        );
     }
 
     #[test]

@@ -13,17 +13,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use idem_core::{Claim, Error, Key, StoreError};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteQueryResult};
-pub use sqlx::Sqlite;
+use sqlx::Sqlite;
 
 use super::dialect::{Arg, ClaimRequest, Col, Dialect, Driver, Migration, Sql, Statements};
 use super::{
     token_from_db, token_to_db, DbErrorKind, NoAnswer, SqlStore, SqlStoreBuilder, TableName,
     CLAIM_ATTEMPTS,
 };
-pub use super::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_CONNECT_TIMEOUT};
-
-/// The schema version this build creates and reads.
-pub const SCHEMA_VERSION: i32 = 1;
 
 /// How long a statement waits for another connection's (or process's) write lock. Below
 /// the engine's default step timeout (5 s), so that a lock held elsewhere ends the step with
@@ -100,6 +96,8 @@ impl SqlStore<Sqlite> {
 impl Dialect for Sqlite {
     const BACKEND: &'static str = "sqlite";
     const STORE: &'static str = "SqliteStore";
+    const SCHEMES: &'static [&'static str] = &["sqlite"];
+    const BARE_PATHS: bool = true;
     type Settings = SqliteSettings;
 
     /// The statements of one table. The claim is two: `read`, the record under `?1` with
@@ -107,7 +105,7 @@ impl Dialect for Sqlite {
     /// inserts an in-progress record under `?1` (fingerprint `?2`, lease `?3` ms, the caller's
     /// token `?4`) or takes over an ended one, and answers the token, or no row when a live
     /// record is there.
-    fn statements(table: &TableName) -> Statements {
+    fn statements(table: &TableName, _settings: &Self::Settings) -> Statements {
         let t = table.quoted();
         let held = format!("key = ?1 AND token = ?2 AND completed = 0 AND ends_at > {NOW_MS}");
         let columns =
@@ -141,17 +139,32 @@ impl Dialect for Sqlite {
             delete_ended: Sql::numbered(format!(
                 "DELETE FROM {t} WHERE key = ?1 AND ends_at <= {NOW_MS}"
             )),
+            delete_seen: Sql::numbered(format!(
+                "DELETE FROM {t} WHERE key = ?1 AND token = ?2 AND ends_at > {NOW_MS}"
+            )),
+            count_ended: Sql::numbered(format!(
+                "SELECT count(*) AS n FROM {t} WHERE ends_at <= {NOW_MS}"
+            )),
+            // The time is read once per statement (SQLite keeps it for the whole step).
+            stats: Sql::numbered(format!(
+                "SELECT coalesce(sum(ends_at > {NOW_MS} AND completed = 0), 0) AS in_progress,
+                        coalesce(sum(ends_at > {NOW_MS} AND completed <> 0), 0) AS completed,
+                        coalesce(sum(ends_at <= {NOW_MS}), 0) AS ended
+                 FROM {t}"
+            )),
             purge: Sql::numbered(format!(
                 "DELETE FROM {t} WHERE rowid IN (SELECT rowid FROM {t} WHERE ends_at <= {NOW_MS} LIMIT ?1)"
             )),
         }
     }
 
-    fn migration(table: &TableName) -> Migration {
+    fn migration(table: &TableName, _lock_timeout: Duration) -> Migration {
         let versions = table.quoted_with("_schema");
         Migration {
             // Takes SQLite's write lock for the whole migration.
+            // Takes it within the busy timeout, or fails with `database is locked`.
             lock: vec!["BEGIN IMMEDIATE".into()],
+            acquire: None,
             commit: vec!["COMMIT".into()],
             abort: vec!["ROLLBACK".into()],
             create_versions: format!(

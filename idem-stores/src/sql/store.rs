@@ -5,6 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::OnceCell;
+
 use async_trait::async_trait;
 use bytes::Bytes;
 use idem_core::{Capabilities, Claim, Error, Fingerprint, Key, Record, Store, StoreError, Token};
@@ -31,6 +33,12 @@ pub struct SqlStore<D: Dialect> {
     pool: sqlx::Pool<D>,
     table: TableName,
     sql: Arc<Statements>,
+    /// Set once the table's schema version is known to be one this build reads (by
+    /// `migrate`, or by the first step): shared by clones, reset by `with_table`.
+    schema_checked: Arc<OnceCell<()>>,
+    migrate_lock_timeout: Duration,
+    /// What shapes the statements beyond the table (Postgres: its commit level).
+    settings: D::Settings,
 }
 
 impl<D: Dialect> Clone for SqlStore<D> {
@@ -39,9 +47,15 @@ impl<D: Dialect> Clone for SqlStore<D> {
             pool: self.pool.clone(),
             table: self.table.clone(),
             sql: self.sql.clone(),
+            schema_checked: self.schema_checked.clone(),
+            migrate_lock_timeout: self.migrate_lock_timeout,
+            settings: self.settings.clone(),
         }
     }
 }
+
+/// How long [`SqlStore::migrate`] waits for another migration of the table by default.
+pub const DEFAULT_MIGRATE_LOCK_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl<D: Dialect> std::fmt::Debug for SqlStore<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -63,10 +77,14 @@ impl<D: Dialect> SqlStore<D> {
     pub fn new(pool: sqlx::Pool<D>) -> Self {
         let table = TableName::parse(D::BACKEND, DEFAULT_TABLE, D::SCHEMA_QUALIFIED)
             .expect("the default table name is valid");
+        let settings = D::Settings::default();
         SqlStore {
             pool,
-            sql: Arc::new(D::statements(&table)),
+            sql: Arc::new(D::statements(&table, &settings)),
             table,
+            schema_checked: Arc::new(OnceCell::new()),
+            migrate_lock_timeout: DEFAULT_MIGRATE_LOCK_TIMEOUT,
+            settings,
         }
     }
 
@@ -77,8 +95,30 @@ impl<D: Dialect> SqlStore<D> {
     /// (`builder().table(...)`) so that connecting migrates it.
     pub fn with_table(mut self, table: &str) -> Result<Self, Error> {
         self.table = TableName::parse(D::BACKEND, table, D::SCHEMA_QUALIFIED)?;
-        self.sql = Arc::new(D::statements(&self.table));
+        self.sql = Arc::new(D::statements(&self.table, &self.settings));
+        self.schema_checked = Arc::new(OnceCell::new());
         Ok(self)
+    }
+
+    /// How long [`migrate`](Self::migrate) waits for a migration of the same table that
+    /// another process is running (default [`DEFAULT_MIGRATE_LOCK_TIMEOUT`], 60 s) before
+    /// it fails, having changed nothing. Used by MySQL's `GET_LOCK` (whole seconds,
+    /// rounded up) and Postgres' `lock_timeout`; SQLite waits its busy timeout.
+    pub fn with_migrate_lock_timeout(mut self, timeout: Duration) -> Self {
+        self.migrate_lock_timeout = timeout;
+        self
+    }
+
+    /// The statements rebuilt with `settings` (the table and the schema check stay).
+    pub(crate) fn with_settings(mut self, settings: D::Settings) -> Self {
+        self.sql = Arc::new(D::statements(&self.table, &settings));
+        self.settings = settings;
+        self
+    }
+
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn settings(&self) -> &D::Settings {
+        &self.settings
     }
 
     /// The pool.
@@ -109,14 +149,31 @@ impl<D: Dialect> SqlStore<D> {
     /// MySQL `GET_LOCK`); the others wait, then find nothing to do. Fails when the table
     /// was migrated by a newer version of this crate.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        let migration = D::migration(&self.table);
+        let migration = D::migration(&self.table, self.migrate_lock_timeout);
         let mut conn = self.pool.acquire().await.map_err(|e| self.error(e))?;
         for sql in &migration.lock {
             D::execute_raw(&mut conn, sql)
                 .await
                 .map_err(|e| self.error(e))?;
         }
+        if let Some(acquire) = &migration.acquire {
+            let taken = D::fetch_i64_raw(&mut conn, acquire)
+                .await
+                .map_err(|e| self.error(e))?;
+            if taken != 1 {
+                return Err(StoreError::Unavailable {
+                    backend: D::BACKEND,
+                    source: Box::new(LockNotTaken {
+                        table: self.table.to_string(),
+                        after: self.migrate_lock_timeout,
+                    }),
+                });
+            }
+        }
         let outcome = self.migrate_locked(&mut conn, &migration).await;
+        if outcome.is_ok() {
+            let _ = self.schema_checked.set(());
+        }
         let end = if outcome.is_ok() {
             &migration.commit
         } else {
@@ -147,16 +204,9 @@ impl<D: Dialect> SqlStore<D> {
         let current = D::fetch_i64_raw(conn, &migration.current_version)
             .await
             .map_err(err)?;
-        let newest = migration.steps.last().map_or(0, |(v, _)| *v);
+        let newest = migration.newest();
         if current > newest {
-            return Err(StoreError::NotSetUp {
-                backend: D::BACKEND,
-                message: format!(
-                    "the table `{}` has schema version {current}, newer than this build's {newest}: \
-                     upgrade idem before using it",
-                    self.table
-                ),
-            });
+            return Err(self.newer_schema(current, newest));
         }
         for (version, statements) in &migration.steps {
             if *version <= current {
@@ -182,6 +232,7 @@ impl<D: Dialect> SqlStore<D> {
     /// Ended records are never answered, so this only reclaims space: run it on a schedule
     /// (every few minutes, from one process or several).
     pub async fn purge_expired(&self, limit: u32) -> Result<u64, StoreError> {
+        self.ready().await?;
         let limit = i64::from(limit.max(1));
         let mut total = 0;
         loop {
@@ -193,6 +244,47 @@ impl<D: Dialect> SqlStore<D> {
             if n < limit as u64 {
                 return Ok(total);
             }
+        }
+    }
+
+    fn newer_schema(&self, found: i64, newest: i64) -> StoreError {
+        StoreError::NotSetUp {
+            backend: D::BACKEND,
+            message: format!(
+                "the table `{}` has schema version {found}, newer than this build's {newest}: \
+                 upgrade idem before using it",
+                self.table
+            ),
+        }
+    }
+
+    /// Checks once per store (clones share it) that the table's schema is not newer than
+    /// this build reads, before the first step: a store on your pool, or one connected with
+    /// `migrate(false)`, never ran [`migrate`](Self::migrate), which checks too. A missing
+    /// schema table is left to the step, which then says the table is not set up; the
+    /// check runs again at the next step.
+    pub(crate) async fn ready(&self) -> Result<(), StoreError> {
+        if self.schema_checked.get().is_some() {
+            return Ok(());
+        }
+        let checked = self.schema_checked.get_or_try_init(|| async {
+            // `Err(None)`: no schema table, not cached; the step says what is missing.
+            let migration = D::migration(&self.table, self.migrate_lock_timeout);
+            let mut conn = self.pool.acquire().await.map_err(|e| Some(self.error(e)))?;
+            match D::fetch_i64_raw(&mut conn, &migration.current_version).await {
+                Ok(found) if found > migration.newest() => {
+                    Err(Some(self.newer_schema(found, migration.newest())))
+                }
+                Ok(_) => Ok(()),
+                Err(e) => match self.error(e) {
+                    StoreError::NotSetUp { .. } => Err(None),
+                    other => Err(Some(other)),
+                },
+            }
+        });
+        match checked.await {
+            Ok(()) | Err(None) => Ok(()),
+            Err(Some(e)) => Err(e),
         }
     }
 
@@ -209,6 +301,7 @@ impl<D: Dialect> SqlStore<D> {
         token: Token,
         rest: Vec<Arg>,
     ) -> Result<(), StoreError> {
+        self.ready().await?;
         let mut args = vec![D::key(key), Arg::Int(token_to_db(token))];
         args.extend(rest);
         let done = D::execute(&self.pool, sql, args)
@@ -221,8 +314,26 @@ impl<D: Dialect> SqlStore<D> {
         }
     }
 
+    /// The answer of a claim's first, plain read, when it settles the claim: a completed
+    /// record (a replay) or a live claim another token holds (a running duplicate).
+    /// `None` when the claim statement must run: no live record, or one `token` holds
+    /// (this claim, resent).
+    pub(crate) async fn claim_by_reading(
+        &self,
+        key: &Key,
+        token: Token,
+    ) -> Result<Option<Claim>, StoreError> {
+        match self.live(key).await? {
+            Some(live) if live.completed || live.token != token_to_db(token) => {
+                live.into_claim(D::BACKEND).map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+
     /// The live record under `key`, if any: one read on the pool (the `get` statement).
     pub(crate) async fn live(&self, key: &Key) -> Result<Option<LiveRow>, StoreError> {
+        self.ready().await?;
         let row = D::fetch_optional(&self.pool, &self.sql.get, vec![D::key(key)])
             .await
             .map_err(|e| self.error(e))?;
@@ -261,6 +372,7 @@ impl<D: Dialect> Store for SqlStore<D> {
             token,
             lease,
         };
+        self.ready().await?;
         D::claim(self, request).await
     }
 
@@ -310,6 +422,7 @@ impl<D: Dialect> Store for SqlStore<D> {
         // caller. Its row goes too (a second statement, only when there was no live one):
         // left behind, it would answer its old holder's release with `Fenced` where every
         // other store, having nothing under the key, answers `Ok` (found by the model test).
+        self.ready().await?;
         let done = D::execute(&self.pool, &self.sql.delete, vec![D::key(key)])
             .await
             .map_err(|e| self.error(e))?;
@@ -331,3 +444,25 @@ impl<D: Dialect> Store for SqlStore<D> {
         D::BACKEND
     }
 }
+
+/// The source of the error of a migration that could not take its lock: another
+/// connection holds it (a migration running elsewhere, or a session that took the lock and
+/// never released it).
+#[derive(Debug)]
+struct LockNotTaken {
+    table: String,
+    after: Duration,
+}
+
+impl std::fmt::Display for LockNotTaken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "another connection holds the migration lock of table `{}` (a migration running elsewhere?); \
+             it was not released within {:?}, and nothing was migrated",
+            self.table, self.after
+        )
+    }
+}
+
+impl std::error::Error for LockNotTaken {}

@@ -2,7 +2,9 @@
 //! transaction, so that it commits or rolls back together with the business write.
 //!
 //! No lease and no second connection: one `INSERT ... ON CONFLICT` on the caller's
-//! connection, whose row count tells the first delivery from a duplicate. The row is the
+//! connection, whose row count tells the first delivery from a duplicate (on MySQL, an
+//! `INSERT ... ON DUPLICATE KEY UPDATE` and a read of the row's token on the same
+//! connection). The row is the
 //! store's own (same table, same key encoding, the same JSON envelope the engine writes),
 //! so the lease-based path (`Idem::consume`, `Idem::mark_processed`, `#[idempotent]` with
 //! `fingerprint = none`) and this one see each other's records.
@@ -17,22 +19,23 @@
 use std::time::Duration;
 
 use idem_core::envelope::{open_value, seal_value};
-use idem_core::{
-    Claim, Codec, Delivery, Error, Fingerprint, Json, Key, Origin, Outcome, StoreError, Token,
-};
+use idem_core::{Claim, Codec, Error, Fingerprint, Json, Key, Origin, Outcome, StoreError, Token};
 use serde::{de::DeserializeOwned, Serialize};
 
 use super::dialect::{Arg, Col, Dialect, Sql};
 use super::{millis, token_to_db, SqlStore, TableName, CLAIM_ATTEMPTS};
 
-/// A SQL dialect whose records can be written inside the caller's transaction: Postgres
-/// and SQLite. (MySQL's `ON DUPLICATE KEY UPDATE` has no `WHERE`, and its row count does
-/// not tell an untouched row apart under sqlx's `FOUND_ROWS`; it is left out.)
+/// A SQL dialect whose records can be written inside the caller's transaction: Postgres,
+/// SQLite and MySQL/MariaDB.
 pub trait Transactional: Dialect {
     /// `INSERT` of a completed record (key `$1`, fingerprint `$2`, token `$3`, payload `$4`,
     /// ttl `$5` ms) that also takes over an ended record, and affects no row when a live
     /// record is under the key.
     fn insert_completed(table: &TableName) -> Sql;
+
+    /// Whether the insert's row count cannot tell a write from a statement that left a
+    /// live record alone, so that the record is read back and its token compared instead.
+    const READS_BACK_TOKEN: bool = false;
 }
 
 #[cfg(feature = "postgres")]
@@ -46,6 +49,34 @@ impl Transactional for sqlx::Postgres {
                 SET fingerprint = excluded.fingerprint, token = excluded.token, completed = true,
                     payload = excluded.payload, ends_at = excluded.ends_at
                 WHERE r.ends_at <= now()"
+        ))
+    }
+}
+
+/// MySQL's upsert has no `WHERE`: each column is assigned the new value only when the row
+/// there has ended (`ends_at`, which the conditions read, assigned last, as MySQL assigns
+/// left to right). Its row count cannot tell the two apart (with `CLIENT_FOUND_ROWS`, which
+/// sqlx sets, a row set to its own values counts 1, as an insert does), so the record is
+/// read back on the same connection and this statement's token tells whether it wrote it.
+/// InnoDB locks the row for the rest of the transaction; a deadlock between two
+/// transactions on one key is `Error::Store`, temporary: roll back and redeliver.
+#[cfg(feature = "mysql")]
+impl Transactional for sqlx::MySql {
+    const READS_BACK_TOKEN: bool = true;
+
+    fn insert_completed(table: &TableName) -> Sql {
+        let t = table.backticked_with("");
+        let now = super::mysql::NOW_MS;
+        let ended = format!("ends_at <= {now}");
+        Sql::positional(&format!(
+            "INSERT INTO {t} (`key`, fingerprint, token, completed, payload, ends_at)
+             VALUES ($1, $2, $3, TRUE, $4, {now} + $5)
+             ON DUPLICATE KEY UPDATE
+                fingerprint = IF({ended}, VALUES(fingerprint), fingerprint),
+                token = IF({ended}, VALUES(token), token),
+                completed = IF({ended}, VALUES(completed), completed),
+                payload = IF({ended}, VALUES(payload), payload),
+                ends_at = IF({ended}, VALUES(ends_at), ends_at)"
         ))
     }
 }
@@ -68,23 +99,24 @@ impl Transactional for sqlx::Sqlite {
 
 impl<D: Transactional> SqlStore<D> {
     /// Marks `key` processed inside the caller's transaction (`&mut *tx` for a
-    /// `sqlx::Transaction`, or a plain connection) for `ttl`: [`Delivery::First`] when this
-    /// statement wrote the record, [`Delivery::Duplicate`] when a completed one was there.
+    /// `sqlx::Transaction`, or a plain connection) for `ttl`: [`Origin::Ran`] when this
+    /// statement wrote the record, [`Origin::Store`] when a completed one was there.
     /// The record commits or rolls back with the transaction; until it commits, a
     /// concurrent transaction marking the same key waits for it (Postgres: on the key's
     /// index entry; SQLite: on the write lock), then sees it.
     ///
     /// Do the business write in the same transaction, and only when this answers
-    /// [`Delivery::First`]; commit, then ack the message. A key a lease-based call still
+    /// [`Origin::Ran`]; commit, then ack the message. A key a lease-based call still
     /// holds is [`Error::InProgress`]: roll back and requeue the message.
     ///
     /// ```no_run
     /// # async fn demo(store: idem::stores::PostgresStore, order_id: i64) -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
-    /// use idem::{Delivery, Key};
+    /// use idem::{Fingerprint, Key, Origin};
     /// let key = Key::new("shipping.consumer", format!("order-shipped:{order_id}"))?;
     /// let mut tx = store.pool().begin().await?;
-    /// if store.mark_processed_in(&mut *tx, &key, Duration::from_secs(7 * 24 * 3600)).await? == Delivery::First {
+    /// let fp = Fingerprint::of(&order_id); // the message's payload
+    /// if store.mark_processed_in(&mut *tx, &key, fp, Duration::from_secs(7 * 24 * 3600)).await? == Origin::Ran {
     ///     sqlx::query("INSERT INTO shipments (order_id) VALUES ($1)")
     ///         .bind(order_id)
     ///         .execute(&mut *tx)
@@ -97,12 +129,13 @@ impl<D: Transactional> SqlStore<D> {
         &self,
         conn: &mut D::Connection,
         key: &Key,
+        fingerprint: Fingerprint,
         ttl: Duration,
-    ) -> Result<Delivery, Error> {
+    ) -> Result<Origin, Error> {
         let outcome = self
-            .save_result_in(conn, key, Fingerprint::NONE, &(), ttl)
+            .save_result_in(conn, key, fingerprint, &(), ttl)
             .await?;
-        Ok(Delivery::of(outcome.origin()))
+        Ok(outcome.origin())
     }
 
     /// Stores `value` as the completed result of `key` (with `fingerprint`, for `ttl`)
@@ -150,19 +183,21 @@ impl<D: Transactional> SqlStore<D> {
                 "the value does not come back unchanged through the JSON codec".into(),
             ));
         }
+        self.ready().await.map_err(store)?;
         let insert = D::insert_completed(self.table_name());
         for _ in 0..CLAIM_ATTEMPTS {
+            let token = token_to_db(Token::random());
             let args = vec![
                 D::key(key),
                 Arg::Bytes(fingerprint.as_bytes().to_vec()),
-                Arg::Int(token_to_db(Token::random())),
+                Arg::Int(token),
                 Arg::Bytes(sealed.clone()),
                 Arg::Int(millis(ttl)),
             ];
             let done = D::execute_on(conn, &insert, args)
                 .await
                 .map_err(|e| store(self.error(e)))?;
-            if D::rows_affected(&done) == 1 {
+            if !D::READS_BACK_TOKEN && D::rows_affected(&done) == 1 {
                 return Ok(Outcome::new(decoded, Origin::Ran));
             }
             // A live record is there: read it on the same connection, so a record this
@@ -175,10 +210,17 @@ impl<D: Transactional> SqlStore<D> {
             let completed =
                 D::flag(&row, Col::Name("completed")).map_err(|e| store(self.error(e)))?;
             let live = self.live_row(&row, completed).map_err(store)?;
+            if D::READS_BACK_TOKEN && live.token == token {
+                return Ok(Outcome::new(decoded, Origin::Ran));
+            }
             return match live.into_claim(D::BACKEND).map_err(store)? {
+                // The holder's remaining lease, bounded as the engine bounds its hint: a
+                // holder usually finishes long before its lease ends.
                 Claim::InProgress { retry_after, .. } => Err(Error::InProgress {
                     key: key.clone(),
-                    retry_after,
+                    retry_after: retry_after
+                        .min(idem_core::DEFAULT_RETRY_AFTER)
+                        .max(Duration::from_millis(1)),
                 }),
                 Claim::Completed {
                     fingerprint: stored,

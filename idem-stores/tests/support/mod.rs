@@ -1,11 +1,13 @@
 //! What the Postgres and Redis outage tests share: a TCP proxy that can black-hole or cut
 //! the store's connections, a store wrapper that records how long each step took before
 //! it answered or the engine gave up on it, and the outage scenarios, written once and run
-//! against each backend.
+//! against each backend. The Redis test files' server fixtures are `redis_server`.
 // Each test crate that includes this module uses a part of it.
 #![allow(dead_code)]
 
 pub mod proxy;
+#[cfg(feature = "redis")]
+pub mod redis_server;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -282,8 +284,8 @@ pub async fn extend_and_complete_when_black_holed(
 /// The body ran, then the connection black-holed: the caller gets `Error::Store` within
 /// the lease, and while that lease lives a retry (on a healthy connection) is told the key
 /// is in progress, never answered by a second run. Once the lease has ended, the record is
-/// not completed, and a retry claims the key and runs the body again: what the README
-/// says.
+/// not completed, and a retry claims the key and runs the body again: what the guide's
+/// failures chapter says.
 pub async fn complete_black_holed_after_the_body(
     through_proxy: Arc<dyn Store>,
     direct: Arc<dyn Store>,

@@ -174,6 +174,39 @@ macro_rules! sql_store_tests {
                 }
             }
 
+            /// A store that never migrated (on your pool, or `migrate(false)`) checks the
+            /// schema version at its first step: a newer one is refused there, naming both.
+            #[tokio::test]
+            async fn a_newer_schema_is_refused_at_the_first_step_without_migrate() {
+                let Some((store, _guard)) = $fresh.await else { return };
+                store.migrate().await.unwrap();
+                sqlx::query(&format!("UPDATE {}_schema SET version = 99", store.table()))
+                    .execute(store.pool())
+                    .await
+                    .unwrap();
+                let other = <$store>::new(store.pool().clone())
+                    .with_table(&store.table())
+                    .unwrap();
+                let k = key("newer-schema");
+                let err = other
+                    .claim(&k, &Fingerprint::NONE, Token::random(), Duration::from_secs(30))
+                    .await
+                    .unwrap_err();
+                match &err {
+                    StoreError::NotSetUp { message, .. } => assert!(
+                        message.contains("schema version 99")
+                            && message.contains("newer than this build's 1")
+                            && message.contains(&store.table()),
+                        "{message}"
+                    ),
+                    other => panic!("expected NotSetUp, got {other:?}"),
+                }
+                assert!(
+                    matches!(other.get(&k).await, Err(StoreError::NotSetUp { .. })),
+                    "a later step went on"
+                );
+            }
+
             #[tokio::test]
             async fn a_missing_table_says_to_call_migrate_and_the_body_does_not_run() {
                 let Some((store, _guard)) = $fresh.await else { return };

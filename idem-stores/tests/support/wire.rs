@@ -36,13 +36,12 @@ pub enum Protocol {
 }
 
 impl Protocol {
-    /// The statements of a first call on a fresh key. Postgres reads before it claims (a
-    /// replay is then a plain indexed read), so its first call is read, claim, complete;
-    /// MySQL's is claim, complete.
+    /// The statements of a first call on a fresh key. Both dialects read before they
+    /// claim (a replay is then a plain indexed read), so a first call is read, claim,
+    /// complete.
     pub fn first_call_statements(self) -> usize {
         match self {
-            Protocol::Postgres => 3,
-            Protocol::MySql => 2,
+            Protocol::Postgres | Protocol::MySql => 3,
         }
     }
 }

@@ -29,6 +29,8 @@ impl Payments for Service {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
+    // The functions without `store = ...` run on the global engine.
+    let _ = idem::set_global(idem::Idem::new(idem::MemoryStore::new()));
     let service = Service {
         idem: Idem::new(MemoryStore::new()),
     };

@@ -30,7 +30,7 @@ const LEASE: Duration = Duration::from_secs(10);
     fingerprint = (amount, &currency),
     skip(store),
     cache_errors = |e: &PaymentError| matches!(e, PaymentError::Declined),
-    codec = idem::Json,
+    codec = idem::codec::Json,
     crate = "idem",
 )]
 async fn charge(
@@ -52,6 +52,8 @@ async fn quote(amount: u64) -> Result<u64, PaymentError> {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
+    // The functions without `store = ...` run on the global engine.
+    let _ = idem::set_global(idem::Idem::new(idem::MemoryStore::new()));
     let store = Arc::new(Idem::new(MemoryStore::new()));
     let receipt = charge(store.clone(), 7, 100, "EUR".into()).await.unwrap();
     assert_eq!(receipt, "7:100EUR");

@@ -72,6 +72,8 @@ async fn question_mark(input: String) -> Result<u64, Wrapped> {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
+    // The functions without `store = ...` run on the global engine.
+    let _ = idem::set_global(idem::Idem::new(idem::MemoryStore::new()));
     assert_eq!(echo(vec![1u8, 2]).await.unwrap(), vec![1, 2]);
     assert_eq!(describe(7u32, "x".to_string()).await.unwrap(), "X");
     assert_eq!(aliased(2).await.unwrap(), 4);

@@ -39,6 +39,8 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async {
+        // The functions without `store = ...` run on the global engine.
+        let _ = idem::set_global(idem::Idem::new(idem::MemoryStore::new()));
         assert_eq!(renamed(1, 2).await.unwrap(), 3);
         assert_eq!(returns_early(11).await.unwrap(), 10);
         unit(1).await.unwrap();

@@ -24,6 +24,8 @@ async fn with_conn((conn, id): (Conn, u64), mut extra: Vec<u8>) -> usize {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
+    // The functions without `store = ...` run on the global engine.
+    let _ = idem::set_global(idem::Idem::new(idem::MemoryStore::new()));
     assert_eq!(area((2, 3), Point { x: 1, y: 1 }).await.unwrap(), 8);
     assert_eq!(with_conn((Conn, 1), vec![]).await.unwrap(), 2);
 }
