@@ -336,16 +336,21 @@ pub async fn lease_takeover_after_lease_ends(store: Arc<dyn Store>) {
 /// A holder that extends its lease keeps the key past the original lease.
 #[doc(hidden)]
 pub async fn extend_keeps_lease_alive(store: Arc<dyn Store>) {
+    // The lease here is longer than `SHORT`: each extension must land while
+    // the lease still runs, and on a loaded two-core CI machine a sleep plus a
+    // round trip has overrun 300 ms. 800 ms of slack per step keeps the test
+    // about the store, not the scheduler.
+    let lease = Duration::from_millis(1_200);
     let k = key(&unique_scope("extend"), "k");
-    let t = acquire(&*store, &k, &fp(1), SHORT).await;
+    let t = acquire(&*store, &k, &fp(1), lease).await;
     for _ in 0..4 {
-        tokio::time::sleep(SHORT / 3).await;
+        tokio::time::sleep(lease / 3).await;
         store
-            .extend(&k, t, SHORT)
+            .extend(&k, t, lease)
             .await
             .expect("extend by the holder");
     }
-    // 4 * SHORT/3 > SHORT: without the extensions the lease would have ended.
+    // 4 * lease/3 > lease: without the extensions the lease would have ended.
     assert!(matches!(
         claim_anew(&*store, &k, &fp(1), LONG).await.unwrap(),
         Claim::InProgress { .. }
