@@ -1,7 +1,7 @@
 //! How much memory a completed record takes in the memory store, beside a hand-written
 //! `DashMap<String, Vec<u8>>` holding the same keys and payloads.
 //!
-//! `cargo bench --bench footprint`
+//! `cargo bench -p idem-integration --bench footprint`
 //!
 //! Each side runs in a child process of its own (this binary, run again with
 //! `IDEM_FOOTPRINT_SIDE` set), so that neither inherits the other's freed memory:

@@ -1,7 +1,7 @@
 //! What `#[idempotent]` costs on the memory store, measured against what a user would write
 //! instead, in the same run: read the ratios (`BENCHMARKS.md`), not the absolute times.
 //!
-//! `cargo bench --bench memory`
+//! `cargo bench -p idem-integration --bench memory`
 //!
 //! Every idem side is the attribute as users write it, on a 4-field request taken by value
 //! (`#[idempotent(key = req.order_id)] async fn charge(req: ChargeRequest) -> Receipt`), and

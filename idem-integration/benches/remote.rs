@@ -6,7 +6,7 @@
 //! IDEM_TEST_REDIS_URL=redis://127.0.0.1:6379 \
 //! IDEM_TEST_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/test \
 //! IDEM_TEST_MYSQL_URL=mysql://root@127.0.0.1:3306/test \
-//!     cargo bench --bench remote --all-features
+//!     cargo bench -p idem-integration --bench remote --all-features
 //! ```
 //!
 //! A backend whose variable is unset, or whose server cannot be reached, is skipped with a

@@ -2,7 +2,7 @@
 //! JetStream delivers it.
 //!
 //! ```sh
-//! cargo run --example jetstream_consumer
+//! cargo run -p idem-integration --example jetstream_consumer
 //! ```
 //!
 //! JetStream delivers at least once: a message is redelivered when its ack is lost, when

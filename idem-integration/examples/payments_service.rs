@@ -1,7 +1,7 @@
 //! A payments service whose charge endpoint is safe to retry: one `.route_layer(...)` line.
 //!
 //! ```sh
-//! cargo run --example payments_service
+//! cargo run -p idem-integration --example payments_service
 //! ```
 //!
 //! `IDEM_STORE_URL` names the store (default: SQLite in a temporary file; `postgres://...`

@@ -1,7 +1,7 @@
 //! A webhook receiver that acts once per event, however often the provider delivers it.
 //!
 //! ```sh
-//! cargo run --example webhook_receiver
+//! cargo run -p idem-integration --example webhook_receiver
 //! ```
 //!
 //! Payment providers retry a webhook until they see a 2xx, and may deliver one event

@@ -1,6 +1,7 @@
 //! The example's JetStream consumer (`examples/jetstream_consumer.rs`) against a real NATS
 //! server with JetStream (`IDEM_TEST_NATS_URL`); skipped with a message when unset, a
-//! failure when `IDEM_REQUIRE_BACKENDS=1`. `cargo test consumer` selects them.
+//! failure when `IDEM_REQUIRE_BACKENDS=1`. `cargo test -p idem-integration consumer` selects
+//! them.
 //!
 //! Each scenario runs twice: with the dedup, every order ships exactly once; with it
 //! removed (the same worker, its effect run directly), some order ships twice, which shows

@@ -1,6 +1,7 @@
 //! The example's consumer (`examples/consumer/worker.rs`) against a real RabbitMQ
 //! (`IDEM_TEST_AMQP_URL`) and Postgres (`IDEM_TEST_POSTGRES_URL`); skipped with a message
-//! when unset, a failure when `IDEM_REQUIRE_BACKENDS=1`. `cargo test consumer` selects them.
+//! when unset, a failure when `IDEM_REQUIRE_BACKENDS=1`. `cargo test -p idem-integration
+//! consumer` selects them.
 //!
 //! Every order is published twice; faults are injected per order: a consumer that dies
 //! after its commit and before its ack (its connection is closed, so the broker requeues

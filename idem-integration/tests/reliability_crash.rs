@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! IDEM_REQUIRE_BACKENDS=1 IDEM_TEST_POSTGRES_URL=... IDEM_TEST_REDIS_URL=... \
-//!     cargo test --all-features --test reliability_crash
+//!     cargo test -p idem-integration --all-features --test reliability_crash
 //! ```
 #![cfg(all(feature = "sqlite", feature = "postgres", feature = "redis"))]
 

@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! IDEM_REQUIRE_BACKENDS=1 IDEM_TEST_POSTGRES_URL=... IDEM_TEST_REDIS_URL=... \
-//!     IDEM_TEST_REDIS_CLUSTER=... cargo test --all-features --test reliability_stress
+//!     IDEM_TEST_REDIS_CLUSTER=... cargo test -p idem-integration --all-features --test reliability_stress
 //! ```
 #![cfg(all(
     feature = "sqlite",

@@ -34,7 +34,7 @@ pub struct MemoryStore {
 struct Shared {
     /// Each state boxed: the map's table, which runs between half and seven eighths full,
     /// then holds a key and a pointer (32 bytes) per slot instead of the whole state; at
-    /// 1,000,000 records that saves about 100 bytes a record (`benches/footprint.rs`).
+    /// 1,000,000 records that saves about 100 bytes a record (`idem-integration/benches/footprint.rs`).
     records: DashMap<Key, Box<State>>,
     /// One `Notify` per key that has waiters; removed when the last waiter leaves.
     waiters: DashMap<Key, Arc<Notify>>,

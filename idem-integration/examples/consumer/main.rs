@@ -1,4 +1,4 @@
-//! An exactly-once consumer on a real broker: `cargo run --example consumer`.
+//! An exactly-once consumer on a real broker: `cargo run -p idem-integration --example consumer`.
 //!
 //! Needs RabbitMQ (`IDEM_EXAMPLE_AMQP_URL`, default `amqp://guest:guest@127.0.0.1:5672`) and
 //! Postgres (`IDEM_EXAMPLE_POSTGRES_URL`, default `postgres://postgres@127.0.0.1:5432/test`).
