@@ -1,9 +1,9 @@
 //! # The idem guide
 //!
 //! The README shows one function; this guide is the rest, in the order a new user meets
-//! it. Every Rust example here is a doctest: `cargo test -p idemkit --all-features --doc
-//! guide` compiles and runs them on the memory store. Those that need a server (Postgres,
-//! MySQL, Redis) are compiled with their feature and not run.
+//! it. Every Rust example here is a doctest: `cargo test -p idem-integration --all-features
+//! --doc guide` compiles and runs them on the memory store. Those that need a server
+//! (Postgres, MySQL, Redis) are compiled with their feature and not run.
 //!
 //! 1. [First steps](first_steps): `#[idempotent]` on a function and on a method, the
 //!    global engine, return types, telling a replay from a first run.
