@@ -33,6 +33,12 @@
 //! Timing: leases and ttls in the suite are a few hundred milliseconds of real time, so the
 //! suite runs against remote stores whose clock is their own.
 
+mod skips;
+
+pub use skips::skip;
+#[doc(hidden)]
+pub use skips::skipped;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -72,8 +78,9 @@ pub fn unique_scope(behaviour: &str) -> String {
 
 /// The URL of a backend's test server, from the environment variable `var`.
 ///
-/// Unset: prints that the test is skipped and why, and returns `None`; but when
-/// `IDEM_REQUIRE_BACKENDS=1` a missing server is a failure, so it panics instead.
+/// Unset: [`skip`]s the test (it prints why, and the binary's skips are summed up when it
+/// exits) and returns `None`; but when `IDEM_REQUIRE_BACKENDS=1` a missing server is a
+/// failure, so it panics instead.
 pub fn backend_url(var: &str) -> Option<String> {
     match std::env::var(var) {
         Ok(url) if !url.is_empty() => Some(url),
@@ -81,9 +88,7 @@ pub fn backend_url(var: &str) -> Option<String> {
             if std::env::var("IDEM_REQUIRE_BACKENDS").as_deref() == Ok("1") {
                 panic!("IDEM_REQUIRE_BACKENDS=1 but {var} is not set: this backend test needs its server");
             }
-            eprintln!(
-                "skipped: {var} is not set, so this backend test has no server to run against"
-            );
+            skip(&format!("{var} is not set"));
             None
         }
     }
@@ -270,15 +275,23 @@ pub async fn delete_missing_is_false(store: Arc<dyn Store>) {
 pub async fn completed_record_expires_after_ttl(store: Arc<dyn Store>) {
     let k = key(&unique_scope("expiry"), "k");
     let t = acquire(&*store, &k, &fp(1), LONG).await;
+    // Long enough that the record is surely read back before it ends on a loaded machine,
+    // short enough to watch it end.
+    let ttl = SHORT * 4;
     store
-        .complete(&k, t, Bytes::from_static(b"x"), SHORT)
+        .complete(&k, t, Bytes::from_static(b"x"), ttl)
         .await
         .unwrap();
+    // After the store set the expiry, so the wait below is surely past it.
+    let completed_at = Instant::now();
     assert!(matches!(
         store.get(&k).await.unwrap(),
         Some(Record::Completed { .. })
     ));
-    tokio::time::sleep(PAST_SHORT).await;
+    tokio::time::sleep(
+        (completed_at + ttl + (PAST_SHORT - SHORT)).saturating_duration_since(Instant::now()),
+    )
+    .await;
     assert!(
         store.get(&k).await.unwrap().is_none(),
         "the record outlived its ttl"
@@ -295,12 +308,18 @@ pub async fn completed_record_expires_after_ttl(store: Arc<dyn Store>) {
 #[doc(hidden)]
 pub async fn completed_record_outlives_its_lease(store: Arc<dyn Store>) {
     let k = key(&unique_scope("outlives-lease"), "k");
-    let t = acquire(&*store, &k, &fp(1), SHORT).await;
+    // Long enough for the complete to land inside it on a loaded machine.
+    let lease = SHORT * 4;
+    let t = acquire(&*store, &k, &fp(1), lease).await;
+    let claimed_at = Instant::now();
     store
         .complete(&k, t, Bytes::from_static(b"kept"), LONG)
         .await
         .unwrap();
-    tokio::time::sleep(PAST_SHORT).await;
+    tokio::time::sleep(
+        (claimed_at + lease + (PAST_SHORT - SHORT)).saturating_duration_since(Instant::now()),
+    )
+    .await;
     assert_eq!(
         completed_payload(&*store, &k).await,
         Bytes::from_static(b"kept")
@@ -312,12 +331,20 @@ pub async fn completed_record_outlives_its_lease(store: Arc<dyn Store>) {
 #[doc(hidden)]
 pub async fn lease_takeover_after_lease_ends(store: Arc<dyn Store>) {
     let k = key(&unique_scope("takeover"), "k");
-    let t1 = acquire(&*store, &k, &fp(1), SHORT).await;
+    // A lease long enough that the second claim surely lands inside it on a loaded machine
+    // (or behind a durable store's replica wait); the sleep counts from when the first
+    // claim returned, after the store started its lease.
+    let lease = SHORT * 4;
+    let t1 = acquire(&*store, &k, &fp(1), lease).await;
+    let claimed_at = Instant::now();
     assert!(matches!(
         claim_anew(&*store, &k, &fp(1), LONG).await.unwrap(),
         Claim::InProgress { .. }
     ));
-    tokio::time::sleep(PAST_SHORT).await;
+    tokio::time::sleep(
+        (claimed_at + lease + (PAST_SHORT - SHORT)).saturating_duration_since(Instant::now()),
+    )
+    .await;
     let t2 = Token::random();
     match store.claim(&k, &fp(1), t2, LONG).await.unwrap() {
         Claim::Acquired { token, recovered } => {
@@ -527,12 +554,13 @@ pub async fn complete_repeated_with_same_token_keeps_the_first_result(store: Arc
     let k = key(&unique_scope("complete-repeated"), "k");
     let t = acquire(&*store, &k, &fp(1), LONG).await;
     // Long enough for the checks below on a busy machine, short enough to watch it end.
-    let ttl = SHORT * 4;
-    let completed_at = Instant::now();
+    let ttl = SHORT * 8;
     store
         .complete(&k, t, Bytes::from_static(b"first"), ttl)
         .await
         .unwrap();
+    // After the store set the expiry, so the wait at the end is surely past it.
+    let completed_at = Instant::now();
     store
         .complete(&k, t, Bytes::from_static(b"first"), ttl)
         .await
@@ -567,7 +595,7 @@ pub async fn complete_repeated_with_same_token_keeps_the_first_result(store: Arc
 #[doc(hidden)]
 pub async fn extend_repeated_with_same_token_is_ok(store: Arc<dyn Store>) {
     let k = key(&unique_scope("extend-repeated"), "k");
-    let t = acquire(&*store, &k, &fp(1), SHORT * 4).await;
+    let t = acquire(&*store, &k, &fp(1), LONG / 3).await;
     for _ in 0..3 {
         store
             .extend(&k, t, LONG)
