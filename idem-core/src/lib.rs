@@ -1,4 +1,4 @@
-//! The runtime of [idem](https://docs.rs/idem): the [`Store`] contract, the [`Idem`]
+//! The runtime of [idem](https://docs.rs/idemkit): the [`Store`] contract, the [`Idem`]
 //! engine, keys, fingerprints, codecs, the record envelope and the errors.
 //!
 //! Most users depend on the `idem` crate, which re-exports all of this together with the
