@@ -28,10 +28,10 @@
 
 mod support;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -93,7 +93,8 @@ struct LinkProxy {
 }
 
 struct LinkShared {
-    upstream: SocketAddr,
+    /// The primary's port on 127.0.0.1 (0 until it is known: connections are closed).
+    upstream: AtomicU16,
     delay_ms: AtomicU64,
     /// Set by `sever`: new connections are closed at once.
     severed: AtomicBool,
@@ -103,11 +104,12 @@ struct LinkShared {
 }
 
 impl LinkProxy {
-    async fn start(upstream: SocketAddr) -> LinkProxy {
+    /// Listens on a port of its own; [`forward_to`](Self::forward_to) names the primary.
+    async fn start() -> LinkProxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let shared = Arc::new(LinkShared {
-            upstream,
+            upstream: AtomicU16::new(0),
             delay_ms: AtomicU64::new(0),
             severed: AtomicBool::new(false),
             cut: watch::channel(0).0,
@@ -126,6 +128,11 @@ impl LinkProxy {
             shared,
             accept,
         }
+    }
+
+    /// Connections from now on go to the primary on 127.0.0.1:`port`.
+    fn forward_to(&self, port: u16) {
+        self.shared.upstream.store(port, Ordering::SeqCst);
     }
 
     /// From now on each chunk of a replication stream is held `delay` before it is
@@ -158,10 +165,11 @@ impl Drop for LinkProxy {
 
 async fn serve(client: TcpStream, shared: Arc<LinkShared>) {
     let mut cut = shared.cut.subscribe();
-    if shared.severed.load(Ordering::SeqCst) {
+    let upstream = shared.upstream.load(Ordering::SeqCst);
+    if shared.severed.load(Ordering::SeqCst) || upstream == 0 {
         return;
     }
-    let Ok(server) = TcpStream::connect(shared.upstream).await else {
+    let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
         return;
     };
     let (client_read, client_write) = client.into_split();
@@ -267,31 +275,48 @@ struct Node {
 }
 
 impl Node {
-    /// Chooses the ports and the directory; [`spawn`](Self::spawn) starts the server.
-    fn reserve() -> Node {
-        // Both bound at once, so they differ.
-        let (a, b) = (
-            TcpListener::bind("127.0.0.1:0").unwrap(),
-            TcpListener::bind("127.0.0.1:0").unwrap(),
-        );
-        let (port, bus_port) = (
-            a.local_addr().unwrap().port(),
-            b.local_addr().unwrap().port(),
-        );
-        let dir = std::env::temp_dir().join(format!(
-            "idem-redis-cluster-failover-{}-{port}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        Node {
-            child: None,
-            port,
-            bus_port,
-            dir,
+    /// Starts a node on spare ports. A port chosen free may be taken before the server
+    /// binds it (an outgoing connection's): the server then exits, and the node is started
+    /// again on other ports, up to three times.
+    async fn start(extra: &[String]) -> Node {
+        let mut attempt = 1;
+        loop {
+            // Both bound at once, so they differ.
+            let (a, b) = (
+                TcpListener::bind("127.0.0.1:0").unwrap(),
+                TcpListener::bind("127.0.0.1:0").unwrap(),
+            );
+            let (port, bus_port) = (
+                a.local_addr().unwrap().port(),
+                b.local_addr().unwrap().port(),
+            );
+            drop((a, b));
+            let dir = std::env::temp_dir().join(format!(
+                "idem-redis-cluster-failover-{}-{port}",
+                std::process::id()
+            ));
+            std::fs::create_dir_all(&dir).unwrap();
+            let mut node = Node {
+                child: None,
+                port,
+                bus_port,
+                dir,
+            };
+            match node.spawn(extra).await {
+                Ok(()) => return node,
+                Err(log) if attempt < 3 => {
+                    eprintln!(
+                        "cluster node on port {port} did not come up, trying other ports: {log}"
+                    );
+                    attempt += 1;
+                }
+                Err(log) => panic!("cluster node on port {port} did not come up: {log}"),
+            }
         }
     }
 
-    async fn spawn(&mut self, extra: &[String]) {
+    /// Starts the server and waits for its `PONG`; answers its log if it does not come up.
+    async fn spawn(&mut self, extra: &[String]) -> Result<(), String> {
         let child = Command::new("redis-server")
             .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
@@ -321,14 +346,14 @@ impl Node {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !self.pings() {
             let exited = self.child.as_mut().unwrap().try_wait().unwrap();
-            assert!(
-                exited.is_none() && Instant::now() < deadline,
-                "cluster node on port {} did not come up ({exited:?}): {}",
-                self.port,
-                std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default()
-            );
+            if exited.is_some() || Instant::now() > deadline {
+                self.kill();
+                let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
+                return Err(format!("{exited:?}: {log}"));
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        Ok(())
     }
 
     fn pings(&self) -> bool {
@@ -450,13 +475,12 @@ impl Cluster {
         let started = Instant::now();
         let mut shards = Vec::new();
         for _ in SLOTS {
-            let mut primary = Node::reserve();
-            let link = LinkProxy::start(([127, 0, 0, 1], primary.port).into()).await;
-            primary
-                .spawn(&["--cluster-announce-port".into(), link.port.to_string()])
-                .await;
-            let mut replica = Node::reserve();
-            replica.spawn(&[]).await;
+            // The proxy's port first: the primary announces it.
+            let link = LinkProxy::start().await;
+            let primary =
+                Node::start(&["--cluster-announce-port".into(), link.port.to_string()]).await;
+            link.forward_to(primary.port);
+            let replica = Node::start(&[]).await;
             shards.push(Shard {
                 primary,
                 link,
