@@ -1,12 +1,12 @@
-//! `RedisStore` on a Redis Cluster across a failover of every primary: a private cluster
-//! of three primaries and three replicas (one each), each replica following its primary
-//! through a [`LinkProxy`] that holds the replication stream back, 200 keys run through
-//! the engine over all three shards, every primary killed right after the last
-//! acknowledgement, each replica promoted with `CLUSTER FAILOVER TAKEOVER`, and every key
-//! retried on the new primaries. Without a durability level acknowledged results are lost
-//! (their retry runs the body again); with `wait_for_replicas(1, ..)`, whose `WAIT` goes to
-//! the primary of the key's slot, none are. RELIABILITY.md keeps the figures these tests
-//! print.
+//! `RedisStore` on a Redis Cluster across a failover: a private cluster of three primaries
+//! and three replicas (one each), each replica following its primary through a
+//! [`LinkProxy`] that holds the replication stream back, 200 keys run through the engine
+//! over all three shards, every primary (or one) killed right after the last
+//! acknowledgement, its replica promoted with `CLUSTER FAILOVER TAKEOVER`, and every key
+//! retried on the nodes serving the slots then. Without a durability level acknowledged
+//! results are lost (their retry runs the body again), on the failed shards only; with
+//! `wait_for_replicas(1, ..)`, whose `WAIT` goes to the primary of the key's slot, none are.
+//! RELIABILITY.md keeps the figures these tests print.
 //!
 //! ```text
 //! IDEM_TEST_REDIS_URL=redis://127.0.0.1:6379 cargo test -p idem-stores --all-features \
