@@ -183,6 +183,7 @@ async fn a_claim_sent_twice_on_the_wire_is_acquired_both_times() {
             Claim::Acquired {
                 token: acquired,
                 recovered,
+                ..
             } => {
                 assert_eq!(acquired, token);
                 assert!(!recovered, "send {send}");

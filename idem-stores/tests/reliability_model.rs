@@ -304,6 +304,7 @@ async fn run_case(
                         Claim::Acquired {
                             token: t,
                             recovered,
+                            ..
                         },
                     ) => {
                         if t != token || recovered {
@@ -315,6 +316,7 @@ async fn run_case(
                         Claim::Acquired {
                             token: t,
                             recovered,
+                            ..
                         },
                     ) => {
                         if t != token || !recovered {
@@ -326,6 +328,7 @@ async fn run_case(
                         Claim::Acquired {
                             token: t,
                             recovered,
+                            ..
                         },
                     ) if *held == token => {
                         if t != token || recovered {
