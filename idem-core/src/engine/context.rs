@@ -32,7 +32,7 @@ tokio::task_local! {
 /// let key = idem::Key::new("demo", "order-1")?;
 /// let seen = idem
 ///     .call(key, idem::Fingerprint::NONE)
-///     .run(|| async { idem::fence() })
+///     .run(|| async { idem::fence().map(|fence| fence.get()) })
 ///     .await?;
 /// assert!(seen.is_some(), "the memory store assigns fences");
 /// # Ok(()) }
