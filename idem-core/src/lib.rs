@@ -34,11 +34,11 @@ pub use bytes::Bytes;
 pub use codec::{BuiltinCodec, Codec, Json};
 pub use digest::digest_hex;
 pub use engine::{
-    Call, CallWithOutcome, Idem, IdemBuilder, InProgress, LeaseLoss, MissingKey, Origin, Outcome,
-    DEFAULT_LEASE, DEFAULT_RETRY_AFTER, DEFAULT_STEP_TIMEOUT, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
-    MAX_DURATION,
+    fence, Call, CallWithOutcome, Idem, IdemBuilder, InProgress, LeaseLoss, MissingKey, Origin,
+    Outcome, DEFAULT_LEASE, DEFAULT_RETRY_AFTER, DEFAULT_STEP_TIMEOUT, DEFAULT_TTL,
+    DEFAULT_WAIT_TIMEOUT, MAX_DURATION,
 };
 pub use error::{BoxError, DecodeError, Error, StoreError};
 pub use key::{Key, MAX_ID_LEN, MAX_SCOPE_LEN};
-pub use store::{Capabilities, Claim, Fingerprint, Record, Store, Token};
+pub use store::{Capabilities, Claim, Fence, Fingerprint, Record, Store, Token};
 pub use wrapper::StoreWrapper;

@@ -46,8 +46,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::{
-    Capabilities, Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, StoreError,
-    Token,
+    Capabilities, Claim, Error, Fence, Fingerprint, Idem, InProgress, Key, Record, Store,
+    StoreError, StoreWrapper, Token,
 };
 
 /// A lease long enough that it does not end during a test step.
@@ -147,7 +147,9 @@ pub async fn claim_fresh_key_is_acquired(store: Arc<dyn Store>) {
     let k = key(&unique_scope("fresh"), "k");
     let mine = Token::random();
     match store.claim(&k, &fp(1), mine, LONG).await.unwrap() {
-        Claim::Acquired { token, recovered } => {
+        Claim::Acquired {
+            token, recovered, ..
+        } => {
             assert_eq!(token, mine, "the claim's token is the one the caller gave");
             assert!(!recovered, "a fresh key is not a recovery");
         }
@@ -347,7 +349,9 @@ pub async fn lease_takeover_after_lease_ends(store: Arc<dyn Store>) {
     .await;
     let t2 = Token::random();
     match store.claim(&k, &fp(1), t2, LONG).await.unwrap() {
-        Claim::Acquired { token, recovered } => {
+        Claim::Acquired {
+            token, recovered, ..
+        } => {
             assert_eq!(token, t2, "the successor holds the key under its own token");
             assert_ne!(token, t1);
             assert_eq!(
@@ -486,7 +490,9 @@ pub async fn claim_repeated_with_same_token_is_acquired_again(store: Arc<dyn Sto
     // The resend asks for a short lease again: were it a new claim, the lease would shrink.
     for _ in 0..2 {
         match store.claim(&k, &fp(4), t, SHORT).await.unwrap() {
-            Claim::Acquired { token, recovered } => {
+            Claim::Acquired {
+                token, recovered, ..
+            } => {
                 assert_eq!(token, t);
                 assert!(!recovered, "a resent claim is not a recovery");
             }
@@ -942,6 +948,264 @@ pub async fn wait_capability_is_honest(store: Arc<dyn Store>) {
     }
 }
 
+/// A claim with `token` that must acquire `k`: its fence.
+async fn fence_of(store: &dyn Store, k: &Key, token: Token, lease: Duration, what: &str) -> Fence {
+    match store.claim(k, &fp(1), token, lease).await.expect("claim") {
+        Claim::Acquired {
+            token: t, fence, ..
+        } => {
+            assert_eq!(
+                t, token,
+                "{what}: the claim's token is the one the caller gave"
+            );
+            fence
+        }
+        other => panic!("{what}: expected Acquired for {k}, got {other:?}"),
+    }
+}
+
+/// Checks fences given in this order, each named by the claim that got it: strictly
+/// increasing where the store [assigns fences](Capabilities::assigns_fences), all
+/// [`Fence::NONE`] where it does not.
+fn assert_fences(store: &dyn Store, fences: &[(&str, Fence)]) {
+    if !store.capabilities().assigns_fences {
+        for (what, fence) in fences {
+            assert_eq!(
+                *fence,
+                Fence::NONE,
+                "{what}: a store that does not claim `assigns_fences` answers Fence::NONE"
+            );
+        }
+        return;
+    }
+    for (what, fence) in fences {
+        assert_ne!(
+            *fence,
+            Fence::NONE,
+            "{what}: a store that assigns fences gave none"
+        );
+    }
+    for pair in fences.windows(2) {
+        let ((before, earlier), (after, later)) = (pair[0], pair[1]);
+        assert!(
+            later > earlier,
+            "fences must increase with every claim of a key: {after} got {later:?}, \
+             not above {earlier:?} of {before} (all: {fences:?})"
+        );
+    }
+}
+
+/// Successive claims of one key carry strictly increasing fences where the store
+/// [assigns fences](Capabilities::assigns_fences) (and [`Fence::NONE`] where it does not):
+/// a takeover after a lease ended, a claim after a release, after the result expired and
+/// after a delete, and claims in quick succession (release, claim again, as fast as the
+/// store answers: a store whose clock counts milliseconds fails here). A claim resent with
+/// its token answers the fence it was first given.
+#[doc(hidden)]
+pub async fn fences_increase_with_every_claim(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("fence-increases"), "k");
+    let mut fences = Vec::new();
+
+    let first = Token::random();
+    let f = fence_of(&*store, &k, first, SHORT, "the first claim").await;
+    let resent = fence_of(&*store, &k, first, SHORT, "the first claim, resent").await;
+    assert_eq!(
+        resent, f,
+        "a resent claim answers the fence it was first given"
+    );
+    fences.push(("the first claim", f));
+
+    tokio::time::sleep(PAST_SHORT).await;
+    let successor = Token::random();
+    let f = fence_of(&*store, &k, successor, LONG, "the takeover").await;
+    fences.push(("the takeover of the ended lease", f));
+    let resent = fence_of(&*store, &k, successor, LONG, "the takeover, resent").await;
+    assert_eq!(
+        resent, f,
+        "a resent takeover answers the fence it was first given"
+    );
+    assert_fenced(
+        store
+            .complete(&k, first, Bytes::from_static(b"stale"), LONG)
+            .await,
+        "the first holder after the takeover",
+    );
+
+    store.release(&k, successor).await.unwrap();
+    let t = Token::random();
+    fences.push((
+        "the claim after a release",
+        fence_of(&*store, &k, t, LONG, "after release").await,
+    ));
+
+    store
+        .complete(&k, t, Bytes::from_static(b"short-lived"), SHORT)
+        .await
+        .unwrap();
+    tokio::time::sleep(PAST_SHORT).await;
+    let t = Token::random();
+    fences.push((
+        "the claim after the result expired",
+        fence_of(&*store, &k, t, LONG, "after expiry").await,
+    ));
+
+    store
+        .complete(&k, t, Bytes::from_static(b"deleted"), LONG)
+        .await
+        .unwrap();
+    assert!(store.delete(&k).await.unwrap());
+    let mut t = Token::random();
+    fences.push((
+        "the claim after a delete",
+        fence_of(&*store, &k, t, LONG, "after delete").await,
+    ));
+
+    const QUICK: [&str; 8] = [
+        "quick claim 1",
+        "quick claim 2",
+        "quick claim 3",
+        "quick claim 4",
+        "quick claim 5",
+        "quick claim 6",
+        "quick claim 7",
+        "quick claim 8",
+    ];
+    for what in QUICK {
+        store.release(&k, t).await.unwrap();
+        t = Token::random();
+        fences.push((what, fence_of(&*store, &k, t, LONG, what).await));
+    }
+
+    // Another key has fences of its own, and they increase too.
+    let other = key(&unique_scope("fence-increases"), "other");
+    let o = Token::random();
+    let a = fence_of(&*store, &other, o, LONG, "another key").await;
+    store.release(&other, o).await.unwrap();
+    let b = fence_of(&*store, &other, Token::random(), LONG, "another key again").await;
+
+    assert_fences(&*store, &fences);
+    assert_fences(&*store, &[("another key", a), ("another key again", b)]);
+}
+
+/// Records the fence of every claim that acquires: what the store gave, to compare with
+/// what the body saw.
+#[derive(Debug)]
+struct FenceRecorder {
+    inner: Arc<dyn Store>,
+    given: std::sync::Mutex<Vec<Fence>>,
+}
+
+#[crate::async_trait]
+impl StoreWrapper for FenceRecorder {
+    type Inner = dyn Store;
+
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+
+    async fn claim(
+        &self,
+        key: &Key,
+        fingerprint: &Fingerprint,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        let claim = self.inner.claim(key, fingerprint, token, lease).await?;
+        if let Claim::Acquired { fence, .. } = &claim {
+            self.given.lock().unwrap().push(*fence);
+        }
+        Ok(claim)
+    }
+}
+
+/// What a body of [`engine_body_sees_its_fence`] answers: the fence it saw, as an error
+/// (so that the claim is released) or a value.
+#[derive(Debug)]
+enum Seen {
+    Idem(#[allow(dead_code)] Error),
+    Released(Option<u64>),
+}
+
+impl From<Error> for Seen {
+    fn from(e: Error) -> Self {
+        Seen::Idem(e)
+    }
+}
+
+/// Through the engine: a body reads its claim's fence with [`crate::fence()`], and it is the
+/// fence the store gave that claim (`None` where the store assigns none, and outside a
+/// body). After a holder that crashed (its lease ended), the call taking the key over sees a
+/// larger fence than the crashed holder's; it fails, and the next call's body sees a larger
+/// one still; a replay runs no body.
+#[doc(hidden)]
+pub async fn engine_body_sees_its_fence(store: Arc<dyn Store>) {
+    let assigns = store.capabilities().assigns_fences;
+    let recorder = Arc::new(FenceRecorder {
+        inner: store.clone(),
+        given: Default::default(),
+    });
+    let idem = Idem::builder()
+        .shared_store(recorder.clone())
+        .build()
+        .unwrap();
+    let k = key(&unique_scope("engine-fence"), "k");
+    assert_eq!(crate::fence(), None, "no body runs here");
+
+    // A holder that crashed: claimed, and never extended nor completed.
+    let crashed = fence_of(&*store, &k, Token::random(), SHORT, "the crashed holder").await;
+    tokio::time::sleep(PAST_SHORT).await;
+
+    let failed = idem
+        .call(k.clone(), fp(1))
+        .run_fallible(|| async {
+            Err::<Option<u64>, _>(Seen::Released(crate::fence().map(Fence::get)))
+        })
+        .await;
+    let Err(Seen::Released(first)) = failed else {
+        panic!("the first body's error comes back: {failed:?}")
+    };
+    let ran = idem
+        .call(k.clone(), fp(1))
+        .run_fallible(|| async { Ok::<_, Seen>(crate::fence().map(Fence::get)) })
+        .await
+        .unwrap();
+    let replayed = idem
+        .call(k.clone(), fp(1))
+        .run_fallible(|| async { Ok::<_, Seen>(Some(u64::MAX)) })
+        .await
+        .unwrap();
+    assert_eq!(replayed, ran, "a replay answers the stored value");
+
+    let given = recorder.given.lock().unwrap().clone();
+    assert_eq!(given.len(), 2, "two claims acquired: {given:?}");
+    if assigns {
+        assert_eq!(
+            first,
+            Some(given[0].get()),
+            "the body sees the fence its claim got"
+        );
+        assert_eq!(
+            ran,
+            Some(given[1].get()),
+            "the body sees the fence its claim got"
+        );
+    } else {
+        assert_eq!(
+            (first, ran),
+            (None, None),
+            "no fence where the store assigns none"
+        );
+    }
+    assert_fences(
+        &*store,
+        &[
+            ("the crashed holder", crashed),
+            ("the takeover by a call", given[0]),
+            ("the call after its release", given[1]),
+        ],
+    );
+}
+
 /// Through the engine: the body runs once, every caller gets its value.
 #[doc(hidden)]
 pub async fn engine_runs_once_and_replays(store: Arc<dyn Store>) {
@@ -1235,6 +1499,7 @@ macro_rules! __conformance_behaviours {
             fencing_stale_token_cannot_extend,
             fencing_stale_token_cannot_release,
             fencing_unknown_token_is_refused,
+            fences_increase_with_every_claim,
             claim_repeated_with_same_token_is_acquired_again,
             claim_with_another_token_while_held_is_in_progress,
             complete_repeated_with_same_token_keeps_the_first_result,
@@ -1256,6 +1521,7 @@ macro_rules! __conformance_behaviours {
             engine_runs_once_and_replays,
             engine_undecodable_result_is_a_decode_error_naming_the_key,
             engine_concurrent_duplicates_wait_for_one_run,
+            engine_body_sees_its_fence,
             dedup_marks_once_and_tells_duplicates,
             dedup_concurrent_deliveries_have_one_first,
             dedup_refuses_a_reused_id_with_another_payload,
