@@ -78,10 +78,10 @@ use std::sync::OnceLock;
 pub use idem_core::dedup;
 pub use idem_core::{async_trait, Bytes};
 pub use idem_core::{
-    codec, BoxError, Call, CallWithOutcome, Capabilities, Claim, DecodeError, Error, Fingerprint,
-    Idem, IdemBuilder, InProgress, Key, LeaseLoss, MissingKey, Origin, Outcome, Record, Store,
-    StoreError, StoreWrapper, Token, DEFAULT_LEASE, DEFAULT_RETRY_AFTER, DEFAULT_STEP_TIMEOUT,
-    DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
+    codec, fence, BoxError, Call, CallWithOutcome, Capabilities, Claim, DecodeError, Error, Fence,
+    Fingerprint, Idem, IdemBuilder, InProgress, Key, LeaseLoss, MissingKey, Origin, Outcome,
+    Record, Store, StoreError, StoreWrapper, Token, DEFAULT_LEASE, DEFAULT_RETRY_AFTER,
+    DEFAULT_STEP_TIMEOUT, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
 };
 pub use idem_stores::MemoryStore;
 

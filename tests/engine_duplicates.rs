@@ -171,7 +171,11 @@ async fn a_wrapper_that_overrides_one_step_keeps_the_inner_store_s_wake_ups() {
         .collect();
     // The waiters claim once, find the key held, and wait: woken by the memory store, not
     // polling. With a 400 ms hold, polling (5 ms doubling to 250 ms) would claim about six
-    // times per waiter; woken waiters claim once before and once after.
+    // times per waiter; woken waiters claim once before and once after. Every waiter has
+    // made its first claim before the hold starts counting, however late it was scheduled.
+    while store.claims.load(Ordering::SeqCst) < 1 + 10 {
+        tokio::task::yield_now().await;
+    }
     tokio::time::sleep(Duration::from_millis(400)).await;
     release_tx.send(()).unwrap();
     assert_eq!(holder.await.unwrap().unwrap(), 1);

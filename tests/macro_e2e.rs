@@ -1015,3 +1015,33 @@ async fn a_local_cache_hit_checks_a_large_payload_by_its_fingerprint() {
     let reuse = charge_with_notes(&idem, &calls, 1, other).await;
     assert!(matches!(reuse, Err(Error::KeyReuse { .. })), "{reuse:?}");
 }
+
+// --- fences ---------------------------------------------------------------------------------
+
+/// Answers the fence its body saw, failing (so that the claim is released) when `fail`.
+#[idempotent(key = job, store = idem, skip(idem, fail))]
+async fn fenced(idem: &Idem, fail: bool, job: String) -> Result<u64, Error> {
+    let fence = idem::fence().expect("a body on the memory store has a fence");
+    if fail {
+        return Err(Error::Config {
+            message: format!("failed under fence {fence}"),
+            source: None,
+        });
+    }
+    Ok(fence.get())
+}
+
+#[tokio::test]
+async fn a_macro_body_reads_its_fence_and_the_next_claim_has_a_larger_one() {
+    let idem = engine();
+    assert_eq!(idem::fence(), None, "no body runs here");
+    let failed = fenced(&idem, true, "job-1".into()).await.unwrap_err();
+    let Error::Config { message, .. } = failed else {
+        panic!("{failed:?}")
+    };
+    let first: u64 = message.rsplit(' ').next().unwrap().parse().unwrap();
+    let second = fenced(&idem, false, "job-1".into()).await.unwrap();
+    assert!(second > first, "{second} after {first}");
+    // A replay answers the stored value: the body, and its fence, are the first run's.
+    assert_eq!(fenced(&idem, false, "job-1".into()).await.unwrap(), second);
+}

@@ -38,18 +38,7 @@ fn json_ok(args: &[&str]) -> Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?} printed `{out}`: {e}"))
 }
 
-fn backend_url(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var("IDEM_REQUIRE_BACKENDS").as_deref() == Ok("1") => {
-            panic!("IDEM_REQUIRE_BACKENDS=1 but {var} is not set")
-        }
-        _ => {
-            eprintln!("skipped: {var} is not set");
-            None
-        }
-    }
-}
+use idem::testing::backend_url;
 
 fn unique(name: &str) -> String {
     let nanos = std::time::SystemTime::now()

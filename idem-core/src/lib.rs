@@ -1,11 +1,14 @@
-//! The runtime of [idem](https://docs.rs/idem): the [`Store`] contract, the [`Idem`]
+//! The runtime of [idem](https://docs.rs/idemkit): the [`Store`] contract, the [`Idem`]
 //! engine, keys, fingerprints, codecs, the record envelope and the errors.
 //!
 //! Most users depend on the `idem` crate, which re-exports all of this together with the
 //! `#[idempotent]` attribute and the store backends. Depend on `idem-core` directly to
 //! write a store backend; its conformance suite is in the module `testing` (feature `testing`).
 #![deny(missing_docs)]
-#![forbid(unsafe_code)]
+// No unsafe code in what users build. The conformance suite (feature `testing`, for test
+// binaries only) has one `atexit` call, to report skipped tests after libtest's summary.
+#![cfg_attr(not(feature = "testing"), forbid(unsafe_code))]
+#![cfg_attr(feature = "testing", deny(unsafe_code))]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod cache;
@@ -31,11 +34,11 @@ pub use bytes::Bytes;
 pub use codec::{BuiltinCodec, Codec, Json};
 pub use digest::digest_hex;
 pub use engine::{
-    Call, CallWithOutcome, Idem, IdemBuilder, InProgress, LeaseLoss, MissingKey, Origin, Outcome,
-    DEFAULT_LEASE, DEFAULT_RETRY_AFTER, DEFAULT_STEP_TIMEOUT, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
-    MAX_DURATION,
+    fence, Call, CallWithOutcome, Idem, IdemBuilder, InProgress, LeaseLoss, MissingKey, Origin,
+    Outcome, DEFAULT_LEASE, DEFAULT_RETRY_AFTER, DEFAULT_STEP_TIMEOUT, DEFAULT_TTL,
+    DEFAULT_WAIT_TIMEOUT, MAX_DURATION,
 };
 pub use error::{BoxError, DecodeError, Error, StoreError};
 pub use key::{Key, MAX_ID_LEN, MAX_SCOPE_LEN};
-pub use store::{Capabilities, Claim, Fingerprint, Record, Store, Token};
+pub use store::{Capabilities, Claim, Fence, Fingerprint, Record, Store, Token};
 pub use wrapper::StoreWrapper;

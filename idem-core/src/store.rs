@@ -99,6 +99,82 @@ impl fmt::Display for Token {
     }
 }
 
+/// A claim's fence: a number the store assigns to each claim of a key, larger than that of
+/// every earlier claim of the key, for fencing writes the body makes outside the store.
+///
+/// The [`Token`] and the fence do two jobs. The token is the caller's and identifies the
+/// holder to the store: `complete`, `extend` and `release` take it, and a claim resent with
+/// it is the same claim. The fence is the store's and orders the holders for everyone else:
+/// a body hands it to the system it writes to, which keeps the highest fence it has seen
+/// and refuses a write with a lower one (`UPDATE accounts SET ..., fence = $1 WHERE id = $2
+/// AND fence < $1`), so a holder that outlived its lease cannot overwrite what its successor
+/// wrote there either. A body reads its fence with [`fence()`](crate::fence).
+///
+/// What a store that [assigns fences](Capabilities::assigns_fences) promises:
+///
+/// - A claim that acquires a key gets a fence larger than that of the key's claim before
+///   it, when it takes over an ended lease (`previous + 1` at least, whatever the clock).
+/// - A claim resent with the same token answers the same fence.
+/// - After the record is gone (released, expired, deleted) the key keeps no number, so the
+///   next claim's fence comes from the store's clock: the built-in stores assign
+///   `max(previous + 1, clock in microseconds since the Unix epoch)`, computed in the
+///   claim's own atomic step on the store's clock. It is larger than every earlier fence
+///   of the key as long as that clock has not been set back between the two claims; if the
+///   clock goes backwards, fences stay increasing across takeovers and resends, but a claim
+///   of a key that had no record may get a smaller fence than one given before the step
+///   back (until the clock has caught up with it).
+///
+/// [`Fence::NONE`] (zero) is what a store that assigns no fences answers, and what a record
+/// written before fences existed reads as.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Fence(u64);
+
+impl Fence {
+    /// No fence: what a store without [`Capabilities::assigns_fences`] answers.
+    pub const NONE: Fence = Fence(0);
+
+    /// The fence a store assigned as the number `n`.
+    pub const fn from_u64(n: u64) -> Fence {
+        Fence(n)
+    }
+
+    /// The fence as a number.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
+    /// The fence as a signed 64-bit integer, for a SQL `BIGINT` column of your own. The
+    /// built-in stores keep fences below 2^63 (their clocks in microseconds reach it in
+    /// the year 294,000), so this loses nothing for them; a larger fence saturates.
+    pub const fn as_i64(self) -> i64 {
+        if self.0 > i64::MAX as u64 {
+            i64::MAX
+        } else {
+            self.0 as i64
+        }
+    }
+
+    /// The next fence after `previous` on a clock reading `clock`: `max(previous + 1,
+    /// clock)`, what the built-in stores assign (each in its own language) in the claim's
+    /// atomic step.
+    pub const fn next(previous: Fence, clock: u64) -> Fence {
+        let after = previous.0.saturating_add(1);
+        Fence(if after > clock { after } else { clock })
+    }
+}
+
+impl fmt::Debug for Fence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fence({})", self.0)
+    }
+}
+
+impl fmt::Display for Fence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
 /// A 128-bit digest of a request's payload. The same key with a different fingerprint is
 /// refused ([`Error::KeyReuse`](crate::Error::KeyReuse)). [`Fingerprint::NONE`] turns the
 /// check off: it matches every fingerprint.
@@ -171,6 +247,10 @@ pub enum Claim {
         token: Token,
         /// Whether an earlier claim's lease had ended and this one took the key over.
         recovered: bool,
+        /// The claim's fence, assigned by the store: larger than the fence of every earlier
+        /// claim of the key (see [`Fence`]), the same for a resent claim.
+        /// [`Fence::NONE`] from a store without [`Capabilities::assigns_fences`].
+        fence: Fence,
     },
     /// Another claim holds the key and its lease has not ended.
     InProgress {
@@ -225,6 +305,12 @@ pub struct Capabilities {
     /// tell a takeover from a fresh key. Without it, such a takeover answers
     /// `recovered: false`, as for a key never used.
     pub reports_recovery: bool,
+    /// Every `Claim::Acquired` carries a [`Fence`] larger than that of every earlier claim
+    /// of the key, and a resent claim the same fence again: the promise [`Fence`] spells
+    /// out. Every built-in store assigns fences. Without it (the default, for a store
+    /// written before fences existed), claims answer [`Fence::NONE`] and a body's
+    /// [`fence()`](crate::fence) is `None`: there is nothing to fence its writes with.
+    pub assigns_fences: bool,
 }
 
 impl Capabilities {
@@ -232,7 +318,14 @@ impl Capabilities {
     pub const NONE: Capabilities = Capabilities {
         wakes_waiters: false,
         reports_recovery: false,
+        assigns_fences: false,
     };
+
+    /// Sets [`Capabilities::assigns_fences`].
+    pub const fn with_assigns_fences(mut self, yes: bool) -> Self {
+        self.assigns_fences = yes;
+        self
+    }
 
     /// Sets [`Capabilities::reports_recovery`].
     pub const fn with_reports_recovery(mut self, yes: bool) -> Self {
@@ -263,11 +356,14 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// becomes an in-progress record held for `lease` under `token` (`Acquired`,
     /// `recovered` when a lease was taken over); a live in-progress record answers
     /// `InProgress`, unless it is held by `token` itself: then this is a resent claim,
-    /// answered `Acquired { token, recovered: false }` and the record left unchanged; a
-    /// completed record answers `Completed` with its payload.
+    /// answered `Acquired { token, recovered: false, fence }` with the fence it was first
+    /// given, and the record left unchanged; a completed record answers `Completed` with its
+    /// payload.
     ///
     /// `token` must be new for every call ([`Token::random`]); it is the claim's fencing
-    /// token.
+    /// token. A store that [assigns fences](Capabilities::assigns_fences) gives each claim
+    /// that acquires the key a [`Fence`] larger than the one before, in the same atomic
+    /// step; any other store answers [`Fence::NONE`].
     async fn claim(
         &self,
         key: &Key,

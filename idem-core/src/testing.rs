@@ -33,6 +33,12 @@
 //! Timing: leases and ttls in the suite are a few hundred milliseconds of real time, so the
 //! suite runs against remote stores whose clock is their own.
 
+mod skips;
+
+pub use skips::skip;
+#[doc(hidden)]
+pub use skips::skipped;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,8 +46,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::{
-    Capabilities, Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, StoreError,
-    Token,
+    Capabilities, Claim, Error, Fence, Fingerprint, Idem, InProgress, Key, Record, Store,
+    StoreError, StoreWrapper, Token,
 };
 
 /// A lease long enough that it does not end during a test step.
@@ -72,8 +78,9 @@ pub fn unique_scope(behaviour: &str) -> String {
 
 /// The URL of a backend's test server, from the environment variable `var`.
 ///
-/// Unset: prints that the test is skipped and why, and returns `None`; but when
-/// `IDEM_REQUIRE_BACKENDS=1` a missing server is a failure, so it panics instead.
+/// Unset: [`skip`]s the test (it prints why, and the binary's skips are summed up when it
+/// exits) and returns `None`; but when `IDEM_REQUIRE_BACKENDS=1` a missing server is a
+/// failure, so it panics instead.
 pub fn backend_url(var: &str) -> Option<String> {
     match std::env::var(var) {
         Ok(url) if !url.is_empty() => Some(url),
@@ -81,9 +88,7 @@ pub fn backend_url(var: &str) -> Option<String> {
             if std::env::var("IDEM_REQUIRE_BACKENDS").as_deref() == Ok("1") {
                 panic!("IDEM_REQUIRE_BACKENDS=1 but {var} is not set: this backend test needs its server");
             }
-            eprintln!(
-                "skipped: {var} is not set, so this backend test has no server to run against"
-            );
+            skip(&format!("{var} is not set"));
             None
         }
     }
@@ -142,7 +147,9 @@ pub async fn claim_fresh_key_is_acquired(store: Arc<dyn Store>) {
     let k = key(&unique_scope("fresh"), "k");
     let mine = Token::random();
     match store.claim(&k, &fp(1), mine, LONG).await.unwrap() {
-        Claim::Acquired { token, recovered } => {
+        Claim::Acquired {
+            token, recovered, ..
+        } => {
             assert_eq!(token, mine, "the claim's token is the one the caller gave");
             assert!(!recovered, "a fresh key is not a recovery");
         }
@@ -270,15 +277,23 @@ pub async fn delete_missing_is_false(store: Arc<dyn Store>) {
 pub async fn completed_record_expires_after_ttl(store: Arc<dyn Store>) {
     let k = key(&unique_scope("expiry"), "k");
     let t = acquire(&*store, &k, &fp(1), LONG).await;
+    // Long enough that the record is surely read back before it ends on a loaded machine,
+    // short enough to watch it end.
+    let ttl = SHORT * 4;
     store
-        .complete(&k, t, Bytes::from_static(b"x"), SHORT)
+        .complete(&k, t, Bytes::from_static(b"x"), ttl)
         .await
         .unwrap();
+    // After the store set the expiry, so the wait below is surely past it.
+    let completed_at = Instant::now();
     assert!(matches!(
         store.get(&k).await.unwrap(),
         Some(Record::Completed { .. })
     ));
-    tokio::time::sleep(PAST_SHORT).await;
+    tokio::time::sleep(
+        (completed_at + ttl + (PAST_SHORT - SHORT)).saturating_duration_since(Instant::now()),
+    )
+    .await;
     assert!(
         store.get(&k).await.unwrap().is_none(),
         "the record outlived its ttl"
@@ -295,12 +310,18 @@ pub async fn completed_record_expires_after_ttl(store: Arc<dyn Store>) {
 #[doc(hidden)]
 pub async fn completed_record_outlives_its_lease(store: Arc<dyn Store>) {
     let k = key(&unique_scope("outlives-lease"), "k");
-    let t = acquire(&*store, &k, &fp(1), SHORT).await;
+    // Long enough for the complete to land inside it on a loaded machine.
+    let lease = SHORT * 4;
+    let t = acquire(&*store, &k, &fp(1), lease).await;
+    let claimed_at = Instant::now();
     store
         .complete(&k, t, Bytes::from_static(b"kept"), LONG)
         .await
         .unwrap();
-    tokio::time::sleep(PAST_SHORT).await;
+    tokio::time::sleep(
+        (claimed_at + lease + (PAST_SHORT - SHORT)).saturating_duration_since(Instant::now()),
+    )
+    .await;
     assert_eq!(
         completed_payload(&*store, &k).await,
         Bytes::from_static(b"kept")
@@ -312,15 +333,25 @@ pub async fn completed_record_outlives_its_lease(store: Arc<dyn Store>) {
 #[doc(hidden)]
 pub async fn lease_takeover_after_lease_ends(store: Arc<dyn Store>) {
     let k = key(&unique_scope("takeover"), "k");
-    let t1 = acquire(&*store, &k, &fp(1), SHORT).await;
+    // A lease long enough that the second claim surely lands inside it on a loaded machine
+    // (or behind a durable store's replica wait); the sleep counts from when the first
+    // claim returned, after the store started its lease.
+    let lease = SHORT * 4;
+    let t1 = acquire(&*store, &k, &fp(1), lease).await;
+    let claimed_at = Instant::now();
     assert!(matches!(
         claim_anew(&*store, &k, &fp(1), LONG).await.unwrap(),
         Claim::InProgress { .. }
     ));
-    tokio::time::sleep(PAST_SHORT).await;
+    tokio::time::sleep(
+        (claimed_at + lease + (PAST_SHORT - SHORT)).saturating_duration_since(Instant::now()),
+    )
+    .await;
     let t2 = Token::random();
     match store.claim(&k, &fp(1), t2, LONG).await.unwrap() {
-        Claim::Acquired { token, recovered } => {
+        Claim::Acquired {
+            token, recovered, ..
+        } => {
             assert_eq!(token, t2, "the successor holds the key under its own token");
             assert_ne!(token, t1);
             assert_eq!(
@@ -459,7 +490,9 @@ pub async fn claim_repeated_with_same_token_is_acquired_again(store: Arc<dyn Sto
     // The resend asks for a short lease again: were it a new claim, the lease would shrink.
     for _ in 0..2 {
         match store.claim(&k, &fp(4), t, SHORT).await.unwrap() {
-            Claim::Acquired { token, recovered } => {
+            Claim::Acquired {
+                token, recovered, ..
+            } => {
                 assert_eq!(token, t);
                 assert!(!recovered, "a resent claim is not a recovery");
             }
@@ -527,12 +560,13 @@ pub async fn complete_repeated_with_same_token_keeps_the_first_result(store: Arc
     let k = key(&unique_scope("complete-repeated"), "k");
     let t = acquire(&*store, &k, &fp(1), LONG).await;
     // Long enough for the checks below on a busy machine, short enough to watch it end.
-    let ttl = SHORT * 4;
-    let completed_at = Instant::now();
+    let ttl = SHORT * 8;
     store
         .complete(&k, t, Bytes::from_static(b"first"), ttl)
         .await
         .unwrap();
+    // After the store set the expiry, so the wait at the end is surely past it.
+    let completed_at = Instant::now();
     store
         .complete(&k, t, Bytes::from_static(b"first"), ttl)
         .await
@@ -567,7 +601,7 @@ pub async fn complete_repeated_with_same_token_keeps_the_first_result(store: Arc
 #[doc(hidden)]
 pub async fn extend_repeated_with_same_token_is_ok(store: Arc<dyn Store>) {
     let k = key(&unique_scope("extend-repeated"), "k");
-    let t = acquire(&*store, &k, &fp(1), SHORT * 4).await;
+    let t = acquire(&*store, &k, &fp(1), LONG / 3).await;
     for _ in 0..3 {
         store
             .extend(&k, t, LONG)
@@ -914,6 +948,264 @@ pub async fn wait_capability_is_honest(store: Arc<dyn Store>) {
     }
 }
 
+/// A claim with `token` that must acquire `k`: its fence.
+async fn fence_of(store: &dyn Store, k: &Key, token: Token, lease: Duration, what: &str) -> Fence {
+    match store.claim(k, &fp(1), token, lease).await.expect("claim") {
+        Claim::Acquired {
+            token: t, fence, ..
+        } => {
+            assert_eq!(
+                t, token,
+                "{what}: the claim's token is the one the caller gave"
+            );
+            fence
+        }
+        other => panic!("{what}: expected Acquired for {k}, got {other:?}"),
+    }
+}
+
+/// Checks fences given in this order, each named by the claim that got it: strictly
+/// increasing where the store [assigns fences](Capabilities::assigns_fences), all
+/// [`Fence::NONE`] where it does not.
+fn assert_fences(store: &dyn Store, fences: &[(&str, Fence)]) {
+    if !store.capabilities().assigns_fences {
+        for (what, fence) in fences {
+            assert_eq!(
+                *fence,
+                Fence::NONE,
+                "{what}: a store that does not claim `assigns_fences` answers Fence::NONE"
+            );
+        }
+        return;
+    }
+    for (what, fence) in fences {
+        assert_ne!(
+            *fence,
+            Fence::NONE,
+            "{what}: a store that assigns fences gave none"
+        );
+    }
+    for pair in fences.windows(2) {
+        let ((before, earlier), (after, later)) = (pair[0], pair[1]);
+        assert!(
+            later > earlier,
+            "fences must increase with every claim of a key: {after} got {later:?}, \
+             not above {earlier:?} of {before} (all: {fences:?})"
+        );
+    }
+}
+
+/// Successive claims of one key carry strictly increasing fences where the store
+/// [assigns fences](Capabilities::assigns_fences) (and [`Fence::NONE`] where it does not):
+/// a takeover after a lease ended, a claim after a release, after the result expired and
+/// after a delete, and claims in quick succession (release, claim again, as fast as the
+/// store answers: a store whose clock counts milliseconds fails here). A claim resent with
+/// its token answers the fence it was first given.
+#[doc(hidden)]
+pub async fn fences_increase_with_every_claim(store: Arc<dyn Store>) {
+    let k = key(&unique_scope("fence-increases"), "k");
+    let mut fences = Vec::new();
+
+    let first = Token::random();
+    let f = fence_of(&*store, &k, first, SHORT, "the first claim").await;
+    let resent = fence_of(&*store, &k, first, SHORT, "the first claim, resent").await;
+    assert_eq!(
+        resent, f,
+        "a resent claim answers the fence it was first given"
+    );
+    fences.push(("the first claim", f));
+
+    tokio::time::sleep(PAST_SHORT).await;
+    let successor = Token::random();
+    let f = fence_of(&*store, &k, successor, LONG, "the takeover").await;
+    fences.push(("the takeover of the ended lease", f));
+    let resent = fence_of(&*store, &k, successor, LONG, "the takeover, resent").await;
+    assert_eq!(
+        resent, f,
+        "a resent takeover answers the fence it was first given"
+    );
+    assert_fenced(
+        store
+            .complete(&k, first, Bytes::from_static(b"stale"), LONG)
+            .await,
+        "the first holder after the takeover",
+    );
+
+    store.release(&k, successor).await.unwrap();
+    let t = Token::random();
+    fences.push((
+        "the claim after a release",
+        fence_of(&*store, &k, t, LONG, "after release").await,
+    ));
+
+    store
+        .complete(&k, t, Bytes::from_static(b"short-lived"), SHORT)
+        .await
+        .unwrap();
+    tokio::time::sleep(PAST_SHORT).await;
+    let t = Token::random();
+    fences.push((
+        "the claim after the result expired",
+        fence_of(&*store, &k, t, LONG, "after expiry").await,
+    ));
+
+    store
+        .complete(&k, t, Bytes::from_static(b"deleted"), LONG)
+        .await
+        .unwrap();
+    assert!(store.delete(&k).await.unwrap());
+    let mut t = Token::random();
+    fences.push((
+        "the claim after a delete",
+        fence_of(&*store, &k, t, LONG, "after delete").await,
+    ));
+
+    const QUICK: [&str; 8] = [
+        "quick claim 1",
+        "quick claim 2",
+        "quick claim 3",
+        "quick claim 4",
+        "quick claim 5",
+        "quick claim 6",
+        "quick claim 7",
+        "quick claim 8",
+    ];
+    for what in QUICK {
+        store.release(&k, t).await.unwrap();
+        t = Token::random();
+        fences.push((what, fence_of(&*store, &k, t, LONG, what).await));
+    }
+
+    // Another key has fences of its own, and they increase too.
+    let other = key(&unique_scope("fence-increases"), "other");
+    let o = Token::random();
+    let a = fence_of(&*store, &other, o, LONG, "another key").await;
+    store.release(&other, o).await.unwrap();
+    let b = fence_of(&*store, &other, Token::random(), LONG, "another key again").await;
+
+    assert_fences(&*store, &fences);
+    assert_fences(&*store, &[("another key", a), ("another key again", b)]);
+}
+
+/// Records the fence of every claim that acquires: what the store gave, to compare with
+/// what the body saw.
+#[derive(Debug)]
+struct FenceRecorder {
+    inner: Arc<dyn Store>,
+    given: std::sync::Mutex<Vec<Fence>>,
+}
+
+#[crate::async_trait]
+impl StoreWrapper for FenceRecorder {
+    type Inner = dyn Store;
+
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+
+    async fn claim(
+        &self,
+        key: &Key,
+        fingerprint: &Fingerprint,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        let claim = self.inner.claim(key, fingerprint, token, lease).await?;
+        if let Claim::Acquired { fence, .. } = &claim {
+            self.given.lock().unwrap().push(*fence);
+        }
+        Ok(claim)
+    }
+}
+
+/// What a body of [`engine_body_sees_its_fence`] answers: the fence it saw, as an error
+/// (so that the claim is released) or a value.
+#[derive(Debug)]
+enum Seen {
+    Idem(#[allow(dead_code)] Error),
+    Released(Option<u64>),
+}
+
+impl From<Error> for Seen {
+    fn from(e: Error) -> Self {
+        Seen::Idem(e)
+    }
+}
+
+/// Through the engine: a body reads its claim's fence with [`crate::fence()`], and it is the
+/// fence the store gave that claim (`None` where the store assigns none, and outside a
+/// body). After a holder that crashed (its lease ended), the call taking the key over sees a
+/// larger fence than the crashed holder's; it fails, and the next call's body sees a larger
+/// one still; a replay runs no body.
+#[doc(hidden)]
+pub async fn engine_body_sees_its_fence(store: Arc<dyn Store>) {
+    let assigns = store.capabilities().assigns_fences;
+    let recorder = Arc::new(FenceRecorder {
+        inner: store.clone(),
+        given: Default::default(),
+    });
+    let idem = Idem::builder()
+        .shared_store(recorder.clone())
+        .build()
+        .unwrap();
+    let k = key(&unique_scope("engine-fence"), "k");
+    assert_eq!(crate::fence(), None, "no body runs here");
+
+    // A holder that crashed: claimed, and never extended nor completed.
+    let crashed = fence_of(&*store, &k, Token::random(), SHORT, "the crashed holder").await;
+    tokio::time::sleep(PAST_SHORT).await;
+
+    let failed = idem
+        .call(k.clone(), fp(1))
+        .run_fallible(|| async {
+            Err::<Option<u64>, _>(Seen::Released(crate::fence().map(Fence::get)))
+        })
+        .await;
+    let Err(Seen::Released(first)) = failed else {
+        panic!("the first body's error comes back: {failed:?}")
+    };
+    let ran = idem
+        .call(k.clone(), fp(1))
+        .run_fallible(|| async { Ok::<_, Seen>(crate::fence().map(Fence::get)) })
+        .await
+        .unwrap();
+    let replayed = idem
+        .call(k.clone(), fp(1))
+        .run_fallible(|| async { Ok::<_, Seen>(Some(u64::MAX)) })
+        .await
+        .unwrap();
+    assert_eq!(replayed, ran, "a replay answers the stored value");
+
+    let given = recorder.given.lock().unwrap().clone();
+    assert_eq!(given.len(), 2, "two claims acquired: {given:?}");
+    if assigns {
+        assert_eq!(
+            first,
+            Some(given[0].get()),
+            "the body sees the fence its claim got"
+        );
+        assert_eq!(
+            ran,
+            Some(given[1].get()),
+            "the body sees the fence its claim got"
+        );
+    } else {
+        assert_eq!(
+            (first, ran),
+            (None, None),
+            "no fence where the store assigns none"
+        );
+    }
+    assert_fences(
+        &*store,
+        &[
+            ("the crashed holder", crashed),
+            ("the takeover by a call", given[0]),
+            ("the call after its release", given[1]),
+        ],
+    );
+}
+
 /// Through the engine: the body runs once, every caller gets its value.
 #[doc(hidden)]
 pub async fn engine_runs_once_and_replays(store: Arc<dyn Store>) {
@@ -1207,6 +1499,7 @@ macro_rules! __conformance_behaviours {
             fencing_stale_token_cannot_extend,
             fencing_stale_token_cannot_release,
             fencing_unknown_token_is_refused,
+            fences_increase_with_every_claim,
             claim_repeated_with_same_token_is_acquired_again,
             claim_with_another_token_while_held_is_in_progress,
             complete_repeated_with_same_token_keeps_the_first_result,
@@ -1228,6 +1521,7 @@ macro_rules! __conformance_behaviours {
             engine_runs_once_and_replays,
             engine_undecodable_result_is_a_decode_error_naming_the_key,
             engine_concurrent_duplicates_wait_for_one_run,
+            engine_body_sees_its_fence,
             dedup_marks_once_and_tells_duplicates,
             dedup_concurrent_deliveries_have_one_first,
             dedup_refuses_a_reused_id_with_another_payload,

@@ -343,3 +343,51 @@ per_backend!(
     error_statuses,
     body_too_large,
 );
+
+/// A handler behind the layer runs as the call's body, in the layer's task: it reads its
+/// claim's fence with `idem::fence()`. A first answer that is not stored (429) gives the
+/// claim back, and the retry's handler sees a larger fence; the replay after it runs no
+/// handler and answers the stored body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_reads_its_claims_fence() {
+    use axum::http::StatusCode;
+    use std::sync::atomic::AtomicUsize;
+    let Some((idem, _, _dir)) = idem_on(Backend::Sqlite).await else {
+        return;
+    };
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = calls.clone();
+    let app = axum::Router::new()
+        .route(
+            "/charge",
+            axum::routing::post(move || {
+                let first = seen.fetch_add(1, Ordering::SeqCst) == 0;
+                async move {
+                    let fence = idem_core::fence().map_or(0, |f| f.get()).to_string();
+                    let status = if first {
+                        StatusCode::TOO_MANY_REQUESTS
+                    } else {
+                        StatusCode::CREATED
+                    };
+                    (status, fence)
+                }
+            }),
+        )
+        .layer(layer(&idem, "fence"));
+    let server = Server::start(app).await;
+    let c = client();
+    let url = server.url("/charge");
+    let (status, _, first) = parts(post(&c, &url, Some("k-fence"), ORDER).await).await;
+    assert_eq!(status, 429);
+    let (status, replayed, second) = parts(post(&c, &url, Some("k-fence"), ORDER).await).await;
+    assert_eq!((status, replayed), (201, None));
+    let (first, second): (u64, u64) = (first.parse().unwrap(), second.parse().unwrap());
+    assert!(first > 0, "the handler saw no fence");
+    assert!(
+        second > first,
+        "the retry's fence {second} is not above {first}"
+    );
+    let again = parts(post(&c, &url, Some("k-fence"), ORDER).await).await;
+    assert_eq!(again, (201, Some("true".into()), second.to_string()));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}

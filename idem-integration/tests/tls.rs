@@ -5,21 +5,9 @@
 
 use idem::{Fingerprint, Idem, Key};
 
-/// The URL of a backend's test server: unset, the test is skipped, or fails under
-/// `IDEM_REQUIRE_BACKENDS=1`.
-#[allow(dead_code)]
-fn backend_url(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ if std::env::var("IDEM_REQUIRE_BACKENDS").as_deref() == Ok("1") => {
-            panic!("IDEM_REQUIRE_BACKENDS=1 but {var} is not set")
-        }
-        _ => {
-            eprintln!("skipped: {var} is not set");
-            None
-        }
-    }
-}
+/// The URL of a backend's test server: unset, the test is skipped (and counted in the
+/// binary's exit summary), or fails under `IDEM_REQUIRE_BACKENDS=1`.
+use idem_core::testing::backend_url;
 
 /// `url` with `param` added to its query.
 #[allow(dead_code)]
@@ -212,7 +200,7 @@ mod redis_tls {
     /// installed server or openssl cannot do that.
     fn start(dir: &Path) -> Option<(Server, u16)> {
         if !certificates(dir) {
-            eprintln!("skipped: openssl could not make the test certificates");
+            idem_core::testing::skip("openssl could not make the test certificates");
             return None;
         }
         let port = spare_port();
@@ -236,7 +224,7 @@ mod redis_tls {
             .stderr(Stdio::piped())
             .spawn();
         let Ok(child) = child else {
-            eprintln!("skipped: redis-server is not installed");
+            idem_core::testing::skip("redis-server is not installed");
             return None;
         };
         let mut server = Server(child);

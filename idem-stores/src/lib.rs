@@ -1,4 +1,4 @@
-//! Store backends for [idem](https://docs.rs/idem).
+//! Store backends for [idem](https://docs.rs/idemkit).
 //!
 //! [`MemoryStore`] is always there. The others come with cargo features: `redis`,
 //! `redis-cluster`, `postgres`, `sqlite`, `mysql`, and TLS with `postgres-tls` and

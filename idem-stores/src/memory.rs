@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
-use idem_core::{Capabilities, Claim, Fingerprint, Key, Record, Store, StoreError, Token};
+use idem_core::{Capabilities, Claim, Fence, Fingerprint, Key, Record, Store, StoreError, Token};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -42,6 +42,11 @@ struct Shared {
     /// Milliseconds after `origin` of the last sweep.
     last_sweep_ms: AtomicU64,
     sweep_every: Duration,
+    /// The wall clock at `origin`, in microseconds since the Unix epoch: with tokio's clock
+    /// after it, the clock fences start from.
+    origin_us: u64,
+    /// The last fence given, to any key: each claim that acquires takes a larger one.
+    last_fence: AtomicU64,
 }
 
 impl Default for Shared {
@@ -52,6 +57,10 @@ impl Default for Shared {
             origin: Instant::now(),
             last_sweep_ms: AtomicU64::new(0),
             sweep_every: DEFAULT_SWEEP_EVERY,
+            origin_us: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
+            last_fence: AtomicU64::new(0),
         }
     }
 }
@@ -104,6 +113,8 @@ enum State {
         fingerprint: Fingerprint,
         token: Token,
         lease_until: Instant,
+        /// The claim's fence, answered again to a resent claim.
+        fence: Fence,
     },
     Completed {
         fingerprint: Fingerprint,
@@ -199,6 +210,35 @@ impl MemoryStore {
         }
     }
 
+    /// A fence larger than every fence this store gave before, to any key:
+    /// `max(last + 1, clock)`, where the clock is the wall clock when the store was made
+    /// plus tokio's clock since, in microseconds. One counter for the whole store, so that
+    /// fences increase across a release, an expiry and a sweep, which leave nothing under
+    /// the key; the clock keeps a new process's fences above those of the one before it
+    /// (unless the wall clock was set back between the two).
+    fn next_fence(&self, now: Instant) -> Fence {
+        let elapsed = now
+            .saturating_duration_since(self.shared.origin)
+            .as_micros();
+        let clock = self
+            .shared
+            .origin_us
+            .saturating_add(u64::try_from(elapsed).unwrap_or(u64::MAX));
+        let mut last = self.shared.last_fence.load(Ordering::Relaxed);
+        loop {
+            let next = Fence::next(Fence::from_u64(last), clock);
+            match self.shared.last_fence.compare_exchange_weak(
+                last,
+                next.get(),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return next,
+                Err(seen) => last = seen,
+            }
+        }
+    }
+
     fn wake(&self, key: &Key) {
         if let Some(n) = self.shared.waiters.get(key) {
             n.notify_waiters();
@@ -217,7 +257,7 @@ impl MemoryStore {
         key: &Key,
         token: Token,
         repeat_of_complete: bool,
-        f: impl FnOnce(&Fingerprint) -> Option<State>,
+        f: impl FnOnce(&Fingerprint, Fence) -> Option<State>,
     ) -> Result<(), StoreError> {
         let now = Instant::now();
         match self.shared.records.entry(key.clone()) {
@@ -231,9 +271,10 @@ impl MemoryStore {
                     token: held,
                     lease_until,
                     fingerprint,
+                    fence,
                 } if *held == token && *lease_until > now => {
-                    let fingerprint = *fingerprint;
-                    match f(&fingerprint) {
+                    let (fingerprint, fence) = (*fingerprint, *fence);
+                    match f(&fingerprint, fence) {
                         // In the same box: a complete or an extend allocates nothing.
                         Some(next) => **e.get_mut() = next,
                         None => {
@@ -260,17 +301,22 @@ impl Store for MemoryStore {
     ) -> Result<Claim, StoreError> {
         let now = Instant::now();
         self.maybe_sweep(now);
-        let held = State::InProgress {
+        // Taken under the entry's lock, so that two claims of a key get their fences in
+        // the order they hold it.
+        let held = |fence| State::InProgress {
             fingerprint: *fingerprint,
             token,
             lease_until: later(now, lease),
+            fence,
         };
         Ok(match self.shared.records.entry(key.clone()) {
             Entry::Vacant(v) => {
-                v.insert(Box::new(held));
+                let fence = self.next_fence(now);
+                v.insert(Box::new(held(fence)));
                 Claim::Acquired {
                     token,
                     recovered: false,
+                    fence,
                 }
             }
             Entry::Occupied(mut e) => match &**e.get() {
@@ -287,10 +333,12 @@ impl Store for MemoryStore {
                 State::InProgress {
                     token: holder,
                     lease_until,
+                    fence,
                     ..
                 } if *lease_until > now && *holder == token => Claim::Acquired {
                     token,
                     recovered: false,
+                    fence: *fence,
                 },
                 State::InProgress {
                     fingerprint,
@@ -302,8 +350,13 @@ impl Store for MemoryStore {
                 },
                 ended => {
                     let recovered = matches!(ended, State::InProgress { .. });
-                    **e.get_mut() = held;
-                    Claim::Acquired { token, recovered }
+                    let fence = self.next_fence(now);
+                    **e.get_mut() = held(fence);
+                    Claim::Acquired {
+                        token,
+                        recovered,
+                        fence,
+                    }
                 }
             },
         })
@@ -317,7 +370,7 @@ impl Store for MemoryStore {
         ttl: Duration,
     ) -> Result<(), StoreError> {
         let expires_at = later(Instant::now(), ttl);
-        self.with_held(key, token, true, |fp| {
+        self.with_held(key, token, true, |fp, _| {
             Some(State::Completed {
                 fingerprint: *fp,
                 token,
@@ -330,7 +383,7 @@ impl Store for MemoryStore {
     }
 
     async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError> {
-        match self.with_held(key, token, false, |_| None) {
+        match self.with_held(key, token, false, |_, _| None) {
             // Nothing under the key: a repeat whose first release deleted the claim.
             Err(StoreError::Fenced) if !self.shared.records.contains_key(key) => Ok(()),
             Err(e) => Err(e),
@@ -343,11 +396,12 @@ impl Store for MemoryStore {
 
     async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
         let lease_until = later(Instant::now(), lease);
-        self.with_held(key, token, false, |fp| {
+        self.with_held(key, token, false, |fp, fence| {
             Some(State::InProgress {
                 fingerprint: *fp,
                 token,
                 lease_until,
+                fence,
             })
         })
     }
@@ -362,6 +416,7 @@ impl Store for MemoryStore {
                 fingerprint,
                 token,
                 lease_until,
+                ..
             } if lease_until > now => Some(Record::InProgress {
                 fingerprint,
                 token,
@@ -408,6 +463,7 @@ impl Store for MemoryStore {
         Capabilities::NONE
             .with_wakes_waiters(true)
             .with_reports_recovery(true)
+            .with_assigns_fences(true)
     }
 
     fn backend(&self) -> &'static str {

@@ -183,6 +183,7 @@ async fn a_claim_sent_twice_on_the_wire_is_acquired_both_times() {
             Claim::Acquired {
                 token: acquired,
                 recovered,
+                ..
             } => {
                 assert_eq!(acquired, token);
                 assert!(!recovered, "send {send}");
@@ -330,6 +331,179 @@ async fn without_a_recovery_window_a_takeover_is_not_reported_as_recovered() {
 }
 
 // --- bad input ------------------------------------------------------------------------
+
+/// The server's clock in milliseconds and microseconds.
+async fn server_time(conn: &mut ::redis::aio::MultiplexedConnection) -> (u64, u64) {
+    let (s, us): (u64, u64) = ::redis::cmd("TIME").query_async(conn).await.unwrap();
+    (s * 1000 + us / 1000, s * 1_000_000 + us)
+}
+
+/// The record layout, as the module docs give it: an in-progress record written today is
+/// 61 bytes, its fence the last 16 ASCII digits, and it is what the claim answered; one
+/// written before fences (45 bytes) still reads, as fence 0: it is answered, resent,
+/// extended (and stays 45 bytes) and completed; an ended one is taken over with a fence
+/// from the server's clock.
+#[tokio::test]
+async fn in_progress_records_of_both_layouts_read() {
+    let Some(url) = backend_url(URL_VAR) else {
+        return;
+    };
+    let store = RedisStore::open(&url).await.unwrap();
+    let mut admin = admin(&url).await;
+    let scope = unique_scope("redis-layouts");
+    let raw = |k: &idem_core::Key| store.record_key(k);
+    let fp = Fingerprint::from_bytes([7; 16]);
+
+    // Today's layout.
+    let k = key(&scope, "new");
+    let token = Token::random();
+    let (_, before_us) = server_time(&mut admin).await;
+    let Claim::Acquired { fence, .. } = store
+        .claim(&k, &fp, token, Duration::from_secs(30))
+        .await
+        .unwrap()
+    else {
+        panic!("a fresh key is acquired")
+    };
+    let value: Vec<u8> = ::redis::cmd("GET")
+        .arg(raw(&k))
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(value.len(), 61, "{}", value.escape_ascii());
+    assert_eq!(&value[..6], b"idem1P");
+    assert_eq!(&value[6..14], &token.get().to_be_bytes());
+    assert_eq!(&value[14..30], &[7; 16]);
+    let stored: u64 = std::str::from_utf8(&value[45..61])
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        stored,
+        fence.get(),
+        "the record keeps the fence the claim answered"
+    );
+    assert!(
+        fence.get() >= before_us,
+        "the fence is TIME in microseconds at least"
+    );
+    store
+        .extend(&k, token, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let value: Vec<u8> = ::redis::cmd("GET")
+        .arg(raw(&k))
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(
+        &value[45..],
+        format!("{stored:016}").as_bytes(),
+        "extend keeps the fence"
+    );
+
+    // Written before fences: live, held by `old`.
+    let (now_ms, now_us) = server_time(&mut admin).await;
+    let old = Token::random();
+    let record = |deadline: u64| {
+        let mut v = b"idem1P".to_vec();
+        v.extend_from_slice(&old.get().to_be_bytes());
+        v.extend_from_slice(&[7; 16]);
+        v.extend_from_slice(format!("{deadline:015}").as_bytes());
+        v
+    };
+    let live = key(&scope, "old-live");
+    let ended = key(&scope, "old-ended");
+    for (k, v) in [
+        (&live, record(now_ms + 30_000)),
+        (&ended, record(now_ms - 1_000)),
+    ] {
+        let () = ::redis::cmd("SET")
+            .arg(raw(k))
+            .arg(v)
+            .arg("EX")
+            .arg(60)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+    }
+    assert!(matches!(
+        store.get(&live).await.unwrap(),
+        Some(Record::InProgress { token, .. }) if token == old
+    ));
+    match store
+        .claim(&live, &fp, old, Duration::from_secs(30))
+        .await
+        .unwrap()
+    {
+        Claim::Acquired {
+            recovered: false,
+            fence,
+            ..
+        } => {
+            assert_eq!(
+                fence,
+                idem_core::Fence::NONE,
+                "an old record's fence reads as 0"
+            )
+        }
+        other => panic!("a resent claim of an old record: {other:?}"),
+    }
+    assert!(matches!(
+        store
+            .claim(&live, &fp, Token::random(), Duration::from_secs(30))
+            .await
+            .unwrap(),
+        Claim::InProgress { .. }
+    ));
+    store
+        .extend(&live, old, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let value: Vec<u8> = ::redis::cmd("GET")
+        .arg(raw(&live))
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(value.len(), 45, "an extend keeps the old layout");
+    store
+        .complete(
+            &live,
+            old,
+            idem_core::Bytes::from_static(b"done"),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+    match store
+        .claim(&live, &fp, Token::random(), Duration::from_secs(30))
+        .await
+        .unwrap()
+    {
+        Claim::Completed { payload, .. } => assert_eq!(&payload[..], b"done"),
+        other => panic!("{other:?}"),
+    }
+
+    // Written before fences, its lease ended: taken over, with a fence from the clock.
+    match store
+        .claim(&ended, &fp, Token::random(), Duration::from_secs(30))
+        .await
+        .unwrap()
+    {
+        Claim::Acquired {
+            recovered: true,
+            fence,
+            ..
+        } => assert!(fence.get() >= now_us, "{fence:?}"),
+        other => panic!("a takeover of an old ended record: {other:?}"),
+    }
+    let value: Vec<u8> = ::redis::cmd("GET")
+        .arg(raw(&ended))
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(value.len(), 61, "the successor's record has today's layout");
+}
 
 #[tokio::test]
 async fn a_foreign_value_under_the_prefix_is_a_decode_error_naming_the_key() {

@@ -231,6 +231,7 @@ async fn a_claim_sent_twice_on_the_wire_is_acquired_both_times() {
                 Claim::Acquired {
                     token: acquired,
                     recovered: false,
+                    ..
                 } => assert_eq!(acquired, token),
                 other => panic!("{k}: send {send} of the same claim: {other:?}"),
             }

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem_core::{Claim, Fingerprint, Key, Record, Store, StoreError, Token};
+use idem_core::{Claim, Fence, Fingerprint, Key, Record, Store, StoreError, Token};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 use tokio::time::Instant;
@@ -144,6 +144,8 @@ enum Rec {
         token: Token,
         lease: Duration,
         short: bool,
+        /// The fence its claim answered, which a resent claim answers again.
+        fence: Fence,
     },
     /// An in-progress record whose lease ended and that nobody took over: invisible to
     /// `get`, taken over by a claim (a recovery), and it fences its old holder.
@@ -159,11 +161,13 @@ enum Rec {
     Expired { token: Token },
 }
 
-/// The reference model: one optional record per key, and each client's last token per key.
+/// The reference model: one optional record per key, each client's last token per key,
+/// and the largest fence each key was given.
 #[derive(Debug, Default)]
 struct Model {
     recs: [Option<Rec>; KEYS],
     tokens: [[Option<Token>; KEYS]; CLIENTS],
+    fences: [Fence; KEYS],
 }
 
 impl Model {
@@ -216,6 +220,7 @@ async fn run_case(
         .map(|i| Key::new(scope, format!("k{i}")).unwrap())
         .collect();
     let mut m = Model::default();
+    let assigns_fences = store.capabilities().assigns_fences;
     let mut next_token = 1u64;
     // The last moment a live SHORT deadline is sure not to have passed, and the first at
     // which every one has passed for sure.
@@ -298,12 +303,33 @@ async fn run_case(
                 let d = lease_of(lease, &timing);
                 let got = timed!(store.claim(&keys[key], &fp, token, d))
                     .map_err(|e| format!("step {i} {op:?}: claim failed: {e}"))?;
+                // Every claim that acquires has a fence above the key's earlier ones; a
+                // resent claim answers its first fence (checked below).
+                let fence = match &got {
+                    Claim::Acquired { fence, .. } => *fence,
+                    _ => Fence::NONE,
+                };
+                let resent = m.held_by(key, token);
+                if let Claim::Acquired { .. } = got {
+                    if !assigns_fences && fence != Fence::NONE {
+                        fail!(i, op, "a store without assigns_fences answered {fence:?}");
+                    }
+                    if assigns_fences && !resent && fence <= m.fences[key] {
+                        fail!(
+                            i,
+                            op,
+                            "fence {fence:?} is not above the key's last, {:?}",
+                            m.fences[key]
+                        );
+                    }
+                }
                 match (&m.recs[key], got) {
                     (
                         None | Some(Rec::Expired { .. }),
                         Claim::Acquired {
                             token: t,
                             recovered,
+                            ..
                         },
                     ) => {
                         if t != token || recovered {
@@ -315,6 +341,7 @@ async fn run_case(
                         Claim::Acquired {
                             token: t,
                             recovered,
+                            ..
                         },
                     ) => {
                         if t != token || !recovered {
@@ -326,10 +353,16 @@ async fn run_case(
                         Claim::Acquired {
                             token: t,
                             recovered,
+                            ..
                         },
                     ) if *held == token => {
                         if t != token || recovered {
                             fail!(i, op, "a resent claim: Acquired {{ {token:?}, recovered: false }}, got {t:?} recovered {recovered}");
+                        }
+                        if let Some(Rec::InProgress { fence: first, .. }) = &m.recs[key] {
+                            if fence != *first {
+                                fail!(i, op, "a resent claim answered {fence:?}, its first answer was {first:?}");
+                            }
                         }
                         // The record is left as it was: its lease is not renewed.
                         continue;
@@ -381,7 +414,9 @@ async fn run_case(
                     token,
                     lease: d,
                     short: lease == Span::Short,
+                    fence,
                 });
+                m.fences[key] = m.fences[key].max(fence);
                 if lease == Span::Short {
                     set_short(&mut alive_until, &mut dead_after);
                 }

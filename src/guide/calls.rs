@@ -65,7 +65,9 @@
 //! may come back later and try to store its result: the store takes `complete`, `extend`
 //! and `release` only from the current token, so the stale step is fenced and cannot
 //! overwrite its successor's result. A holder whose own heartbeat sees the lease lost is
-//! cancelled at its next `.await` (see [the promise](super::promise)).
+//! cancelled at its next `.await` (see [the promise](super::promise)). The successor's
+//! claim also carries a larger fence than the stale holder's, for the writes the body makes
+//! outside the store (see [fencing your own writes](super::failures#fencing-your-own-writes)).
 //!
 #![doc = include_str!("diagrams/takeover.svg")]
 //!

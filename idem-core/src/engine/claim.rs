@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::step::{wait_step, Steps};
 use super::{retry_hint, InProgress, MIN_DURATION};
 use crate::error::Error;
-use crate::store::{Claim, Fingerprint, Token};
+use crate::store::{Claim, Fence, Fingerprint, Token};
 
 /// Longest pause between two claims of a waiting caller on a store that does not wake waiters.
 const MAX_POLL: Duration = Duration::from_millis(250);
@@ -43,7 +43,12 @@ impl Polls {
 /// What the claim left the call with.
 pub(super) enum Claimed {
     /// The key is this call's, under `token`; its lease began no earlier than `leased_at`.
-    Ours { token: Token, leased_at: Instant },
+    /// `fence` is the claim's, when the store assigns fences.
+    Ours {
+        token: Token,
+        leased_at: Instant,
+        fence: Option<Fence>,
+    },
     /// Another call completed the key: its result, with a fingerprint that matches.
     Completed {
         fingerprint: Fingerprint,
@@ -72,16 +77,23 @@ pub(super) async fn claim_or_wait(call: &Steps<'_>) -> Result<Claimed, Error> {
             .await
             .map_err(|source| call.error(source))?;
         let (fingerprint, remaining) = match claim {
-            Claim::Acquired { token, recovered } => {
+            Claim::Acquired {
+                token,
+                recovered,
+                fence,
+            } => {
                 if recovered {
-                    tracing::warn!(target: "idem", key = %key, token = %token,
+                    tracing::warn!(target: "idem", key = %key, token = %token, fence = fence.get(),
                         "took over a claim whose lease had ended: its holder stopped or stalled");
                 } else {
-                    tracing::debug!(target: "idem", key = %key, token = %token, "claimed");
+                    tracing::debug!(target: "idem", key = %key, token = %token, fence = fence.get(), "claimed");
                 }
+                // Only a store that promises increasing fences hands the body one.
+                let fence = store.capabilities().assigns_fences.then_some(fence);
                 return Ok(Claimed::Ours {
                     token,
                     leased_at: sent_at,
+                    fence,
                 });
             }
             Claim::Completed {

@@ -11,6 +11,7 @@ use super::builder::check_duration;
 use super::call::Options;
 use super::claim::{claim_or_wait, Claimed};
 use super::complete::{check_round_trip, decode, store_result, ErrorPolicy, ValueOps};
+use super::context::with_fence;
 use super::heartbeat::with_heartbeat;
 use super::observe::{count_call, outcome_label, InFlight, StoreClock};
 use super::release::ReleaseGuard;
@@ -21,7 +22,7 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use crate::cache::LocalCache;
-use crate::store::{Store, Token};
+use crate::store::{Fence, Store, Token};
 
 use crate::codec::Codec;
 use crate::envelope::{self, Kind};
@@ -213,8 +214,12 @@ impl<C: Codec> Call<'_, C> {
             }
             // Boxed, so that the future of a replay, which never gets there, stays small
             // (moving a large future costs a replay more than this allocation costs a run).
-            Claimed::Ours { token, leased_at } => {
-                let (store, claim) = (inner.store.clone(), (token, leased_at));
+            Claimed::Ours {
+                token,
+                leased_at,
+                fence,
+            } => {
+                let (store, claim) = (inner.store.clone(), (token, leased_at, fence));
                 Box::pin(first_run(&call, results, store, claim, body)).await
             }
         }
@@ -271,7 +276,8 @@ impl<C: Codec, P, T: Serialize + DeserializeOwned> Results<'_, C, P, T> {
     }
 }
 
-/// A first run, under the claim `(token, leased_at)`: the body under a heartbeat, then the
+/// A first run, under the claim `(token, leased_at, fence)`: the body under a heartbeat
+/// (and with its fence for [`fence()`](crate::fence)), then the
 /// claim given back (an error not to keep) or the outcome checked and stored. It owns
 /// `results`, so that its future is `Send` whenever they are (a predicate of the errors to
 /// keep need not be `Sync`).
@@ -279,7 +285,7 @@ async fn first_run<C, T, E, F, Fut, P>(
     call: &Steps<'_>,
     results: Results<'_, C, P, T>,
     store: Arc<dyn Store>,
-    (token, leased_at): (Token, Instant),
+    (token, leased_at, fence): (Token, Instant, Option<Fence>),
     body: F,
 ) -> Result<Happened<T, E>, Error>
 where
@@ -293,7 +299,7 @@ where
     // From here until the record is completed or released, dropping this future (or a panic
     // in the body) releases the claim in the background.
     let mut guard = ReleaseGuard::new(store, call.step_timeout, key.clone(), token);
-    let beat = with_heartbeat(call, token, leased_at, body()).await;
+    let beat = with_heartbeat(call, token, leased_at, with_fence(fence, body())).await;
     let Some(out) = beat.out else {
         // The lease was lost and the body dropped before its end: the key is another
         // caller's, or may be at any moment, so there is nothing of ours to give back.

@@ -2,7 +2,8 @@
 //!
 //! Each file holds one part: [`builder`] the engine's defaults, [`call`] one call's options,
 //! [`run`] the ways to run a body, [`execute`] the state machine every run goes through,
-//! [`claim`] the claim and the wait for a concurrent holder, [`complete`] how a result is
+//! [`claim`] the claim and the wait for a concurrent holder, [`context`] what a running
+//! body can ask of its call (its fence), [`complete`] how a result is
 //! checked and stored, [`release`] the guard that gives a claim back, [`heartbeat`] the lease
 //! extension while the body runs, and [`step`] the time bound on every store step.
 
@@ -19,6 +20,7 @@ mod builder;
 mod call;
 mod claim;
 mod complete;
+mod context;
 mod execute;
 mod heartbeat;
 mod observe;
@@ -30,6 +32,7 @@ mod step;
 pub use builder::IdemBuilder;
 pub use call::{Answers, Call, CallWithOutcome, InProgress, LeaseLoss, MissingKey, RequestPrint};
 pub use complete::{Share, SharedValue, ValueEq, ValueOps};
+pub use context::fence;
 pub use outcome::{Origin, Outcome};
 
 use step::step;

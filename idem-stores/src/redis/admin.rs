@@ -11,7 +11,7 @@ use bytes::Bytes;
 use idem_core::{Fingerprint, Key, StoreError, Token};
 use redis::{Script, Value};
 
-use super::record::{self, COMPLETED, HEADER_LEN, IN_PROGRESS, IN_PROGRESS_LEN, MAGIC};
+use super::record::{self, COMPLETED, HEADER_LEN, IN_PROGRESS, MAGIC};
 use super::RedisStore;
 use crate::admin::{
     self, Admin, AdminError, DeleteOptions, DeleteSeen, Deletion, RecordInfo, RecordState, Stats,
@@ -38,7 +38,7 @@ local state = string.sub(v, 6, 6)
 if state == 'P' then
   local d = tonumber(string.sub(v, 31, 45))
   local t = redis.call('TIME')
-  if #v ~= 45 or not d or d <= t[1] * 1000 + math.floor(t[2] / 1000) then return 0 end
+  if (#v ~= 61 and #v ~= 45) or not d or d <= t[1] * 1000 + math.floor(t[2] / 1000) then return 0 end
 elseif state ~= 'C' then
   return 0
 end
@@ -50,7 +50,7 @@ return 1
 /// leaves anything else. Replies `0`.
 const DELETE_ENDED_LUA: &str = r#"
 local v = redis.call('GET', KEYS[1])
-if v and #v == 45 and string.sub(v, 1, 6) == 'idem1P' then
+if v and (#v == 61 or #v == 45) and string.sub(v, 1, 6) == 'idem1P' then
   local d = tonumber(string.sub(v, 31, 45))
   local t = redis.call('TIME')
   if d and d <= t[1] * 1000 + math.floor(t[2] / 1000) then redis.call('DEL', KEYS[1]) end
@@ -89,7 +89,7 @@ impl Admin for RedisStore {
                 let payload = Bytes::copy_from_slice(&value[HEADER_LEN..]);
                 (RecordState::Completed, ms(pttl), Some(payload))
             }
-            IN_PROGRESS if value.len() == IN_PROGRESS_LEN => {
+            IN_PROGRESS if record::is_in_progress_len(value.len()) => {
                 let deadline = std::str::from_utf8(&value[30..45])
                     .ok()
                     .and_then(|d| d.parse::<i64>().ok())

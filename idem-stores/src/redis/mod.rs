@@ -56,7 +56,15 @@
 //! | 6..14   | fencing token, big-endian `u64`                                        |
 //! | 14..30  | fingerprint, 16 bytes (all zero: none)                                 |
 //! | 30..45  | in progress: lease deadline, ms since the Unix epoch on the server's clock, 15 ASCII digits |
+//! | 45..61  | in progress: the claim's fence, 16 ASCII digits                        |
 //! | 30..    | completed: the payload (the engine's record envelope), byte for byte   |
+//!
+//! The fence (`idem::Fence`) is `max(previous + 1, TIME in microseconds)`, the previous
+//! one being that of the ended lease the claim takes over (0 for a fresh key). An
+//! in-progress record of 45 bytes, written before fences, reads as fence 0; a build from
+//! before fences reads a 61-byte in-progress record as not an idem record (`Error::Decode`
+//! for a call that meets it), so during a rolling upgrade a key claimed by a new build and
+//! still in progress fails closed on an old one. Completed records are as they were.
 //!
 //! A completed record keeps its token, so that a `complete` resent with that token is
 //! recognised (answered like the first, the record untouched) and any other token fenced.
@@ -568,8 +576,13 @@ impl Store for RedisStore {
 
     /// Recovery is reported for takeovers within the recovery window after the lease
     /// ended (a minute by default); a store without a window does not report it.
+    /// Fences come from the claim script (`TIME` in microseconds, or the ended lease's
+    /// fence + 1): assigned with or without a recovery window, which only decides whether
+    /// an ended lease's fence is still there to add one to.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::NONE.with_reports_recovery(!self.recovery_window.is_zero())
+        Capabilities::NONE
+            .with_reports_recovery(!self.recovery_window.is_zero())
+            .with_assigns_fences(true)
     }
 
     fn backend(&self) -> &'static str {

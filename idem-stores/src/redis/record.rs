@@ -6,7 +6,7 @@ use std::fmt;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem_core::{Claim, Fingerprint, Key, Record, StoreError, Token};
+use idem_core::{Claim, Fence, Fingerprint, Key, Record, StoreError, Token};
 use redis::Value;
 
 use super::BACKEND;
@@ -15,8 +15,16 @@ use super::BACKEND;
 pub(crate) const MAGIC: &[u8] = b"idem1";
 /// Magic, state, token and fingerprint: where a completed record's payload starts.
 pub(crate) const HEADER_LEN: usize = 30;
-/// A header and the 15-digit lease deadline.
-pub(crate) const IN_PROGRESS_LEN: usize = 45;
+/// A header, the 15-digit lease deadline and the 16-digit fence.
+pub(crate) const IN_PROGRESS_LEN: usize = 61;
+/// An in-progress record written before fences: a header and the lease deadline. It still
+/// reads, as fence 0.
+pub(crate) const IN_PROGRESS_V1_LEN: usize = 45;
+
+/// Whether `len` is the length of an in-progress record, of either layout.
+pub(crate) fn is_in_progress_len(len: usize) -> bool {
+    len == IN_PROGRESS_LEN || len == IN_PROGRESS_V1_LEN
+}
 pub(crate) const COMPLETED: u8 = b'C';
 pub(crate) const IN_PROGRESS: u8 = b'P';
 
@@ -86,10 +94,20 @@ pub(crate) fn millis(d: Duration) -> u64 {
 /// The reply of the claim script.
 pub(crate) fn claim_reply(reply: Value, token: Token) -> Result<Claim, StoreError> {
     match reply {
-        Value::Int(recovered) => Ok(Claim::Acquired {
-            token,
-            recovered: recovered == 1,
-        }),
+        // `{recovered, fence}`: told from `{record, ms_left}` by its first element's type.
+        Value::Array(parts) if matches!(parts.first(), Some(Value::Int(_))) => {
+            match <[Value; 2]>::try_from(parts) {
+                Ok([Value::Int(recovered), Value::Int(fence)]) if fence >= 0 => {
+                    Ok(Claim::Acquired {
+                        token,
+                        recovered: recovered == 1,
+                        fence: Fence::from_u64(fence as u64),
+                    })
+                }
+                Ok(parts) => Err(unexpected("claim", &Value::Array(parts.into()))),
+                Err(parts) => Err(unexpected("claim", &Value::Array(parts))),
+            }
+        }
         Value::BulkString(value) => {
             let (fingerprint, payload) = completed(value)?;
             Ok(Claim::Completed {
@@ -168,7 +186,7 @@ fn in_progress(parts: Vec<Value>) -> Result<(Fingerprint, Token, Duration), Stor
         Ok(parts) => return Err(unexpected("in-progress", &Value::Array(parts.into()))),
         Err(parts) => return Err(unexpected("in-progress", &Value::Array(parts))),
     };
-    if value.len() != IN_PROGRESS_LEN || !value.starts_with(MAGIC) || value[5] != IN_PROGRESS {
+    if !is_in_progress_len(value.len()) || !value.starts_with(MAGIC) || value[5] != IN_PROGRESS {
         return Err(not_a_record(&value));
     }
     let token = Token::from_u64(u64::from_be_bytes(
@@ -266,6 +284,7 @@ mod tests {
         }
     }
 
+    /// An in-progress record as builds before fences wrote it (45 bytes): it still reads.
     #[test]
     fn in_progress_value_decodes() {
         let mut v = b"idem1P".to_vec();
@@ -284,6 +303,48 @@ mod tests {
                 assert_eq!(lease_remaining, Duration::from_millis(1500));
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn in_progress_value_with_a_fence_decodes() {
+        let mut v = b"idem1P".to_vec();
+        v.extend_from_slice(&0xdead_beef_u64.to_be_bytes());
+        v.extend_from_slice(&[3; 16]);
+        v.extend_from_slice(b"001795944320318");
+        v.extend_from_slice(b"1795944320318123");
+        assert_eq!(v.len(), IN_PROGRESS_LEN);
+        let reply = Value::Array(vec![Value::BulkString(v), Value::Int(1500)]);
+        match get_reply(reply).unwrap() {
+            Some(Record::InProgress { token, .. }) => {
+                assert_eq!(token, Token::from_u64(0xdead_beef))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_acquired_claim_answers_its_fence() {
+        let reply = Value::Array(vec![Value::Int(1), Value::Int(1_795_944_320_318_123)]);
+        match claim_reply(reply, Token::from_u64(5)).unwrap() {
+            Claim::Acquired {
+                token,
+                recovered,
+                fence,
+            } => {
+                assert_eq!(token, Token::from_u64(5));
+                assert!(recovered);
+                assert_eq!(fence, Fence::from_u64(1_795_944_320_318_123));
+            }
+            other => panic!("{other:?}"),
+        }
+        for bad in [
+            vec![Value::Int(0)],
+            vec![Value::Int(0), Value::Int(-1)],
+            vec![Value::Int(0), Value::Nil],
+        ] {
+            let err = claim_reply(Value::Array(bad), Token::from_u64(5)).unwrap_err();
+            assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
         }
     }
 

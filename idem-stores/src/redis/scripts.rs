@@ -30,9 +30,10 @@ local function now_ms()
   local t = redis.call('TIME')
   return t[1] * 1000 + math.floor(t[2] / 1000)
 end
--- The lease deadline of an in-progress record; nil for anything else.
+-- The lease deadline of an in-progress record (61 bytes, or 45 if written before fences);
+-- nil for anything else.
 local function deadline(v)
-  if #v ~= 45 or string.sub(v, 1, 6) ~= 'idem1P' then return nil end
+  if (#v ~= 61 and #v ~= 45) or string.sub(v, 1, 6) ~= 'idem1P' then return nil end
   return tonumber(string.sub(v, 31, 45))
 end
 local function held(v, token)
@@ -77,46 +78,57 @@ end
 /// `GET` took 0.4-0.5 us).
 ///
 /// The replay path is first and minimal: one `GET`, one byte compared, the value returned.
-/// A fresh key or an ended lease becomes `idem1P | token | fingerprint | deadline`, kept for
-/// the lease plus the recovery window so that a later claim can tell it took over an ended
-/// lease. A live claim held by the request's own token is this claim resent (its reply was
-/// lost, or the client retried): it answers acquired again and writes nothing. Replies: the
-/// stored value (completed, or not an idem record), `{record, ms_left}` for another's live
-/// claim, or the integer `0` (acquired, or resent) / `1` (acquired, taking over an ended
-/// lease). With a second argument (`durable`, any value), a replay and a resent claim touch
-/// the record (see `touch!`); without it the replay path is as above.
+/// A fresh key or an ended lease becomes `idem1P | token | fingerprint | deadline | fence`,
+/// kept for the lease plus the recovery window so that a later claim can tell it took over
+/// an ended lease. The fence is `max(previous + 1, TIME in microseconds)`, the previous one
+/// being the ended lease's (0 for a fresh key, or a record written before fences). A live
+/// claim held by the request's own token is this claim resent (its reply was lost, or the
+/// client retried): it answers acquired again, with its fence, and writes nothing.
+/// Replies: the stored value (completed, or not an idem record), `{record, ms_left}` for
+/// another's live claim, or `{recovered, fence}`, two integers, for a claim acquired
+/// (`recovered` 1 when it took over an ended lease, 0 when fresh or resent). With a second
+/// argument (`durable`, any value), a replay and a resent claim touch the record (see
+/// `touch!`); without it the replay path is as above.
+///
+/// Fences are Lua numbers (doubles), exact below 2^53: microseconds reach that in 2255.
 const CLAIM_LUA: &str = concat!(
     touch!(),
     r#"
 local v = redis.call('GET', KEYS[1])
-local now
+local now, t
+local previous = 0
 if v then
   if string.byte(v, 6) == 67 then
     if ARGV[2] then touch(KEYS[1]) end
     return v
   end
-  if #v ~= 45 or string.sub(v, 1, 6) ~= 'idem1P' then return v end
+  if (#v ~= 61 and #v ~= 45) or string.sub(v, 1, 6) ~= 'idem1P' then return v end
   local until_ms = tonumber(string.sub(v, 31, 45))
   if not until_ms then return v end
-  local t = redis.call('TIME')
+  if #v == 61 then
+    previous = tonumber(string.sub(v, 46, 61))
+    if not previous then return v end
+  end
+  t = redis.call('TIME')
   now = t[1] * 1000 + math.floor(t[2] / 1000)
   if until_ms > now then
     if string.sub(v, 7, 14) == string.sub(ARGV[1], 1, 8) then
       if ARGV[2] then touch(KEYS[1]) end
-      return 0
+      return {0, previous}
     end
     return {v, until_ms - now}
   end
 else
-  local t = redis.call('TIME')
+  t = redis.call('TIME')
   now = t[1] * 1000 + math.floor(t[2] / 1000)
 end
+local fence = math.max(previous + 1, t[1] * 1000000 + t[2])
 local a = ARGV[1]
 local lease = tonumber(string.sub(a, 25, 39))
-redis.call('SET', KEYS[1], 'idem1P' .. string.sub(a, 1, 24) .. string.format('%015d', now + lease),
-  'PX', lease + tonumber(string.sub(a, 40, 54)))
-if v then return 1 end
-return 0
+redis.call('SET', KEYS[1], 'idem1P' .. string.sub(a, 1, 24) .. string.format('%015d', now + lease)
+  .. string.format('%016d', fence), 'PX', lease + tonumber(string.sub(a, 40, 54)))
+if v then return {1, fence} end
+return {0, fence}
 "#
 );
 
@@ -156,7 +168,8 @@ return 1
 );
 
 /// `extend(key; token, lease_ms, recovery_ms)`: moves the held record's deadline to
-/// `lease_ms` from now. Replies like `complete`.
+/// `lease_ms` from now, and keeps its fence (what follows the deadline). Replies like
+/// `complete`.
 const EXTEND_LUA: &str = concat!(
     prelude!(),
     r#"
@@ -164,8 +177,8 @@ local v = redis.call('GET', KEYS[1])
 local h = held(v, ARGV[1])
 if h ~= 1 then return h end
 local lease = tonumber(ARGV[2])
-redis.call('SET', KEYS[1], string.sub(v, 1, 30) .. string.format('%015d', now_ms() + lease),
-  'PX', lease + tonumber(ARGV[3]))
+redis.call('SET', KEYS[1], string.sub(v, 1, 30) .. string.format('%015d', now_ms() + lease)
+  .. string.sub(v, 46), 'PX', lease + tonumber(ARGV[3]))
 return 1
 "#
 );

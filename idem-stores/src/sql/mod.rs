@@ -9,7 +9,7 @@ use std::fmt;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem_core::{Claim, Error, Fingerprint, Record, StoreError, Token};
+use idem_core::{Claim, Error, Fence, Fingerprint, Record, StoreError, Token};
 
 mod admin;
 mod builder;
@@ -204,6 +204,12 @@ pub(crate) fn token_to_db(token: Token) -> i64 {
 
 pub(crate) fn token_from_db(token: i64) -> Token {
     Token::from_u64(token as u64)
+}
+
+/// The fence a claim statement answered. The column is never negative (the clock in
+/// microseconds, or `previous + 1`; 0 in rows written before fences existed).
+pub(crate) fn fence_from_db(fence: i64) -> Fence {
+    Fence::from_u64(u64::try_from(fence).unwrap_or(0))
 }
 
 /// The columns of a live record, as both stores read them.

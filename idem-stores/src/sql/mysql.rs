@@ -25,8 +25,8 @@ use sqlx::MySql;
 
 use super::dialect::{Arg, ClaimRequest, Col, Dialect, Driver, Migration, Sql, Statements};
 use super::{
-    token_from_db, token_to_db, DbErrorKind, LiveRow, NoAnswer, SqlStore, SqlStoreBuilder,
-    TableName, CLAIM_ATTEMPTS,
+    fence_from_db, token_from_db, token_to_db, DbErrorKind, LiveRow, NoAnswer, SqlStore,
+    SqlStoreBuilder, TableName, CLAIM_ATTEMPTS,
 };
 
 /// Idempotency records in a MySQL or MariaDB table (default `idem_records`), on a sqlx
@@ -62,6 +62,9 @@ pub type MySqlStoreBuilder = SqlStoreBuilder<MySql>;
 /// daylight saving hour that happens twice) cannot move it.
 pub(crate) const NOW_MS: &str =
     "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(3)) DIV 1000)";
+
+/// The server's clock in microseconds since the Unix epoch, as a claim's fence starts from.
+const NOW_US: &str = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
 
 #[async_trait]
 impl Dialect for MySql {
@@ -178,9 +181,28 @@ impl Dialect for MySql {
                             ) ENGINE = InnoDB
                               COMMENT = 'idempotency records of idem: one row per key, an in-progress claim or a stored result'"
                         ),
-                        claim_procedure(&t, &claim),
+                        claim_procedure_v1(&t, &claim),
                 ];
-                vec![(1, version_1)]
+                // The claim's fence (`Fence`): rows written before it read as 0. MySQL has
+                // no `ADD COLUMN IF NOT EXISTS` (MariaDB has), and DDL commits on its own,
+                // so the column is added only where `information_schema` does not show it:
+                // a migration stopped after the `ALTER` runs again cleanly. The procedure
+                // is then made again with the fence.
+                let version_2 = vec![
+                    format!(
+                        "SET @idem_add_fence = (SELECT IF(COUNT(*) = 0,
+                            'ALTER TABLE {t} ADD COLUMN fence BIGINT NOT NULL DEFAULT 0', 'DO 0')
+                         FROM information_schema.COLUMNS
+                         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{table}'
+                           AND COLUMN_NAME = 'fence')"
+                    ),
+                    "PREPARE idem_add_fence FROM @idem_add_fence".into(),
+                    "EXECUTE idem_add_fence".into(),
+                    "DEALLOCATE PREPARE idem_add_fence".into(),
+                    format!("DROP PROCEDURE IF EXISTS {claim}"),
+                    claim_procedure(&t, &claim),
+                ];
+                vec![(1, version_1), (2, version_2)]
             },
         }
     }
@@ -228,7 +250,7 @@ impl Dialect for MySql {
                 .map_err(err)?;
             if let Some(row) = row {
                 // By position: sqlx knows no column names for the result of a prepared CALL.
-                let read = || -> Result<(bool, bool, bool, LiveRow), sqlx::Error> {
+                let read = || -> Result<(bool, bool, bool, LiveRow, i64), sqlx::Error> {
                     Ok((
                         MySql::flag(&row, Col::At(0))?,
                         MySql::flag(&row, Col::At(1))?,
@@ -240,13 +262,15 @@ impl Dialect for MySql {
                             payload: MySql::bytes(&row, Col::At(6))?,
                             remaining_ms: MySql::int(&row, Col::At(7))?,
                         },
+                        MySql::int(&row, Col::At(8))?,
                     ))
                 };
-                let (taken, recovered, live, record) = read().map_err(err)?;
+                let (taken, recovered, live, record, fence) = read().map_err(err)?;
                 if taken {
                     return Ok(Claim::Acquired {
                         token: token_from_db(record.token),
                         recovered,
+                        fence: fence_from_db(fence),
                     });
                 }
                 if live {
@@ -255,6 +279,7 @@ impl Dialect for MySql {
                         return Ok(Claim::Acquired {
                             token,
                             recovered: false,
+                            fence: fence_from_db(fence),
                         });
                     }
                     return record.into_claim(Self::BACKEND);
@@ -276,12 +301,68 @@ impl Dialect for MySql {
 /// the answer is that claim), or a takeover `UPDATE ... WHERE ends_at <= now` where the
 /// record ended. Then it answers with the row as it is, in this column order (read by
 /// position): `taken` (this call wrote it), `recovered` (it replaced an abandoned claim),
+/// `live`, `completed`, `fingerprint`, `token`, `payload`, `remaining_ms`, `fence`. A live
+/// claim held by the caller's token is the caller's claim resent: nothing is written, and
+/// its fence is answered again.
+///
+/// The fence of an inserted row is the server's clock in microseconds (`UTC_TIMESTAMP(6)`,
+/// no time zone conversion); a takeover's is `GREATEST(fence + 1, clock)`, under the row
+/// lock of its `UPDATE`.
+///
+/// Assignments in an `UPDATE` run left to right in MySQL, each seeing the ones before it,
+/// which is why `ends_at`, which the condition reads, is always assigned last.
+fn claim_procedure(t: &str, name: &str) -> String {
+    format!(
+        "CREATE PROCEDURE IF NOT EXISTS {name}(
+            IN k VARBINARY(1281), IN fp VARBINARY(16), IN lease_ms BIGINT, IN tok BIGINT)
+        SQL SECURITY INVOKER
+        BEGIN
+            DECLARE now_ms BIGINT DEFAULT {NOW_MS};
+            DECLARE now_us BIGINT DEFAULT {NOW_US};
+            DECLARE prev_ends BIGINT DEFAULT NULL;
+            DECLARE prev_completed BOOLEAN DEFAULT FALSE;
+            DECLARE taken BOOLEAN DEFAULT FALSE;
+            DECLARE lost BOOLEAN DEFAULT FALSE;
+            DECLARE CONTINUE HANDLER FOR NOT FOUND BEGIN END;
+            DECLARE CONTINUE HANDLER FOR 1062 SET lost = TRUE;
+            SELECT ends_at, completed INTO prev_ends, prev_completed FROM {t} WHERE `key` = k;
+            IF prev_ends IS NULL THEN
+                INSERT INTO {t} (`key`, fingerprint, token, completed, payload, ends_at, fence)
+                    VALUES (k, fp, tok, FALSE, NULL, now_ms + lease_ms, now_us);
+                SET taken = NOT lost;
+            ELSEIF prev_ends <= now_ms THEN
+                UPDATE {t} SET fingerprint = fp, token = tok, completed = FALSE, payload = NULL,
+                    fence = GREATEST(fence + 1, now_us), ends_at = now_ms + lease_ms
+                    WHERE `key` = k AND ends_at <= now_ms;
+                SET taken = ROW_COUNT() = 1;
+            END IF;
+            SELECT taken AS taken,
+                   taken AND prev_ends IS NOT NULL AND NOT prev_completed AS recovered,
+                   ends_at > now_ms AS live,
+                   completed, fingerprint, token, payload, ends_at - now_ms AS remaining_ms, fence
+            FROM {t} WHERE `key` = k;
+        END"
+    )
+}
+
+/// The claim procedure of schema version 1, before fences: what version 1 made, kept as
+/// it was (a released migration step is never edited); version 2 replaces it with
+/// [`claim_procedure`].
+///
+/// The claim, one `CALL` and one round trip: arguments key, fingerprint, lease in
+/// milliseconds, the caller's token.
+///
+/// It reads the record's end without a lock; only when no live record is there does it
+/// write: an `INSERT` where there is no row (a duplicate key means a concurrent claim won:
+/// the answer is that claim), or a takeover `UPDATE ... WHERE ends_at <= now` where the
+/// record ended. Then it answers with the row as it is, in this column order (read by
+/// position): `taken` (this call wrote it), `recovered` (it replaced an abandoned claim),
 /// `live`, `completed`, `fingerprint`, `token`, `payload`, `remaining_ms`. A live
 /// claim held by the caller's token is the caller's claim resent: nothing is written.
 ///
 /// Assignments in an `UPDATE` run left to right in MySQL, each seeing the ones before it,
 /// which is why `ends_at`, which the condition reads, is always assigned last.
-fn claim_procedure(t: &str, name: &str) -> String {
+fn claim_procedure_v1(t: &str, name: &str) -> String {
     format!(
         "CREATE PROCEDURE IF NOT EXISTS {name}(
             IN k VARBINARY(1281), IN fp VARBINARY(16), IN lease_ms BIGINT, IN tok BIGINT)

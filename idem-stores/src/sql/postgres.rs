@@ -22,7 +22,8 @@ use sqlx::Postgres;
 
 use super::dialect::{Arg, ClaimRequest, Dialect, Migration, Sql, Statements};
 use super::{
-    token_from_db, DbErrorKind, NoAnswer, SqlStore, SqlStoreBuilder, TableName, CLAIM_ATTEMPTS,
+    fence_from_db, token_from_db, DbErrorKind, NoAnswer, SqlStore, SqlStoreBuilder, TableName,
+    CLAIM_ATTEMPTS,
 };
 
 /// Idempotency records in a Postgres table (default `idem_records`), on a sqlx
@@ -306,7 +307,13 @@ impl Dialect for Postgres {
                              (completed = false, ends_at = lease end) or a stored result (ends_at = expiry)'"
                         ),
                 ];
-                vec![(1, version_1)]
+                // The claim's fence (`Fence`): rows written before it read as 0, and the
+                // next claim of their key takes `greatest(0 + 1, clock)`. A constant
+                // default, so adding it rewrites no row.
+                let version_2 = vec![format!(
+                    "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS fence bigint NOT NULL DEFAULT 0"
+                )];
+                vec![(1, version_1), (2, version_2)]
             },
         }
     }
@@ -362,6 +369,7 @@ impl Dialect for Postgres {
                 return Ok(Claim::Acquired {
                     token: token_from_db(sqlx::Row::try_get(&row, "token").map_err(err)?),
                     recovered: sqlx::Row::try_get(&row, "recovered").map_err(err)?,
+                    fence: fence_from_db(sqlx::Row::try_get(&row, "fence").map_err(err)?),
                 });
             }
             return store.live_row(&row, state == 2)?.into_claim(Self::BACKEND);
@@ -399,9 +407,11 @@ fn stored_key(key: &Key) -> Cow<'_, str> {
 /// `cur` reads the record (no lock). Only when it sees no live record does `taken` insert,
 /// or take over an ended record through `ON CONFLICT ... DO UPDATE ... WHERE <ended>`,
 /// which re-checks the end on the newest row version. The answer is one row: `state` 0 =
-/// acquired (`token`, `recovered`), 1 = in progress, 2 = completed (`payload`); or no row
-/// when a concurrent claim committed after this statement's snapshot. A live claim held by
-/// `$4` is this claim resent: state 0, not recovered, and nothing written.
+/// acquired (`token`, `recovered`, `fence`), 1 = in progress, 2 = completed (`payload`);
+/// or no row when a concurrent claim committed after this statement's snapshot. A live
+/// claim held by `$4` is this claim resent: state 0, not recovered, its fence, and nothing
+/// written. A new row's fence is the clock in microseconds ([`NOW_US`]); a takeover's is
+/// `greatest(fence + 1, clock)`, on the newest row version the conflict locked.
 ///
 /// The new lease runs from `clock_timestamp()`, the time the row is written, so a statement
 /// that waited on a lock does not hand out a shorter lease; checks use `now()`. `at` is
@@ -410,29 +420,35 @@ fn stored_key(key: &Key) -> Cow<'_, str> {
 fn claim_sql(t: &str, at: &str) -> String {
     format!(
         "WITH cur AS (
-            SELECT completed, fingerprint, token, payload, ends_at, ends_at > now() AS live
+            SELECT completed, fingerprint, token, payload, ends_at, fence, ends_at > now() AS live
             FROM {t} WHERE key = $1
         ),
         taken AS (
-            INSERT INTO {t} AS r (key, fingerprint, token, completed, payload, ends_at)
-            SELECT $1, $2, $4, false, NULL, clock_timestamp() + $3 * interval '1 millisecond'
+            INSERT INTO {t} AS r (key, fingerprint, token, completed, payload, ends_at, fence)
+            SELECT $1, $2, $4, false, NULL, clock_timestamp() + $3 * interval '1 millisecond', {NOW_US}
             WHERE NOT EXISTS (SELECT 1 FROM cur WHERE live){at}
             ON CONFLICT (key) DO UPDATE
                 SET fingerprint = excluded.fingerprint, token = excluded.token, completed = false,
-                    payload = NULL, ends_at = excluded.ends_at
+                    payload = NULL, ends_at = excluded.ends_at,
+                    fence = greatest(r.fence + 1, excluded.fence)
                 WHERE r.ends_at <= now()
-            RETURNING r.token
+            RETURNING r.token, r.fence
         )
         SELECT 0::int2 AS state, token, NULL::bytea AS fingerprint, NULL::bytea AS payload,
-               0::int8 AS remaining_ms, EXISTS (SELECT 1 FROM cur WHERE NOT completed) AS recovered
+               0::int8 AS remaining_ms, EXISTS (SELECT 1 FROM cur WHERE NOT completed) AS recovered,
+               fence
         FROM taken
         UNION ALL
         SELECT CASE WHEN completed THEN 2 WHEN token = $4 THEN 0 ELSE 1 END::int2, token,
-               fingerprint, payload, {remaining}, false
+               fingerprint, payload, {remaining}, false, fence
         FROM cur WHERE live",
         remaining = REMAINING_MS,
     )
 }
+
+/// The server's clock in microseconds since the Unix epoch, as a claim's fence starts from:
+/// `clock_timestamp()`, the time the row is written (as the lease's start is).
+const NOW_US: &str = "(extract(epoch FROM clock_timestamp()) * 1000000)::int8";
 
 /// Milliseconds until `ends_at`, rounded up, as the database sees it.
 const REMAINING_MS: &str = "ceil(extract(epoch FROM ends_at - now()) * 1000)::int8";

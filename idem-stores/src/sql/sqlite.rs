@@ -17,8 +17,8 @@ use sqlx::Sqlite;
 
 use super::dialect::{Arg, ClaimRequest, Col, Dialect, Driver, Migration, Sql, Statements};
 use super::{
-    token_from_db, token_to_db, DbErrorKind, NoAnswer, SqlStore, SqlStoreBuilder, TableName,
-    CLAIM_ATTEMPTS,
+    fence_from_db, token_from_db, token_to_db, DbErrorKind, NoAnswer, SqlStore, SqlStoreBuilder,
+    TableName, CLAIM_ATTEMPTS,
 };
 
 /// How long a statement waits for another connection's (or process's) write lock. Below
@@ -30,12 +30,23 @@ pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(2);
 /// The database's clock in milliseconds since the Unix epoch.
 pub(crate) const NOW_MS: &str = "CAST(unixepoch('subsec') * 1000 AS INTEGER)";
 
+/// The clock fences start from, in microseconds since the Unix epoch: this process's
+/// clock, which is the one SQLite reads too (the database is a local file), finer than the
+/// milliseconds SQLite's own `'now'` keeps. Claims of one key released and made again
+/// within one millisecond still get increasing fences from it.
+fn clock_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
 /// Idempotency records in a SQLite file (table `idem_records` by default), on a sqlx
 /// [`SqlitePool`](sqlx::SqlitePool): the generic [`SqlStore`] in the SQLite dialect.
 ///
 /// Correct with many tasks of one process and with several processes on one file: every
 /// write is one statement under SQLite's write lock, and a replay is one read that no
-/// writer blocks (WAL). Times are SQLite's clock (`unixepoch('subsec')`).
+/// writer blocks (WAL). Times are SQLite's clock (`unixepoch('subsec')`); fences start
+/// from this process's clock in microseconds (SQLite's keeps milliseconds).
 ///
 /// Opening creates the file when it is missing (not its directory: a missing directory is
 /// an [`Error::Connect`] that says so) and the table; a store on your pool
@@ -103,8 +114,9 @@ impl Dialect for Sqlite {
     /// The statements of one table. The claim is two: `read`, the record under `?1` with
     /// whether it is live (the first step of a claim, and all of a replay); and `take`, which
     /// inserts an in-progress record under `?1` (fingerprint `?2`, lease `?3` ms, the caller's
-    /// token `?4`) or takes over an ended one, and answers the token, or no row when a live
-    /// record is there.
+    /// token `?4`, the clock in microseconds `?5`) or takes over an ended one, and answers
+    /// the token and the fence, or no row when a live record is there. The fence is `?5`
+    /// for a new row and `max(fence + 1, ?5)` for a takeover.
     fn statements(table: &TableName, _settings: &Self::Settings) -> Statements {
         let t = table.quoted();
         let held = format!("key = ?1 AND token = ?2 AND completed = 0 AND ends_at > {NOW_MS}");
@@ -112,15 +124,16 @@ impl Dialect for Sqlite {
             format!("completed, fingerprint, token, payload, ends_at - {NOW_MS} AS remaining_ms");
         Statements {
             claim: vec![
-                Sql::numbered(format!("SELECT {columns}, ends_at > {NOW_MS} AS live FROM {t} WHERE key = ?1")),
+                Sql::numbered(format!("SELECT {columns}, fence, ends_at > {NOW_MS} AS live FROM {t} WHERE key = ?1")),
                 Sql::numbered(format!(
-                    "INSERT INTO {t} (key, fingerprint, token, completed, payload, ends_at)
-                     VALUES (?1, ?2, ?4, 0, NULL, {NOW_MS} + ?3)
+                    "INSERT INTO {t} (key, fingerprint, token, completed, payload, ends_at, fence)
+                     VALUES (?1, ?2, ?4, 0, NULL, {NOW_MS} + ?3, ?5)
                      ON CONFLICT (key) DO UPDATE
                         SET fingerprint = excluded.fingerprint, token = excluded.token, completed = 0,
-                            payload = NULL, ends_at = excluded.ends_at
+                            payload = NULL, ends_at = excluded.ends_at,
+                            fence = max({t}.fence + 1, excluded.fence)
                         WHERE {t}.ends_at <= {NOW_MS}
-                     RETURNING token"
+                     RETURNING token, fence"
                 )),
             ],
             // Also matches the record this token completed (a repeat), which it rewrites with
@@ -199,7 +212,12 @@ impl Dialect for Sqlite {
                         table.bare_with("_ends_at")
                     ),
                 ];
-                vec![(1, version_1)]
+                // The claim's fence (`Fence`): rows written before it read as 0, and the
+                // next claim of their key takes `max(0 + 1, clock)`.
+                let version_2 = vec![format!(
+                    "ALTER TABLE {t} ADD COLUMN fence INTEGER NOT NULL DEFAULT 0"
+                )];
+                vec![(1, version_1), (2, version_2)]
             },
         }
     }
@@ -283,9 +301,11 @@ impl Dialect for Sqlite {
                 let record = store.live_row(&row, completed)?;
                 if live && !completed && record.token == token_to_db(token) {
                     // This claim, resent: the same claim, left as it is.
+                    let fence = Sqlite::int(&row, Col::Name("fence")).map_err(err)?;
                     return Ok(Claim::Acquired {
                         token,
                         recovered: false,
+                        fence: fence_from_db(fence),
                     });
                 }
                 if live {
@@ -293,7 +313,8 @@ impl Dialect for Sqlite {
                 }
                 recovered = !completed;
             }
-            let args = request.args::<Sqlite>();
+            let mut args = request.args::<Sqlite>();
+            args.push(Arg::Int(clock_us()));
             let taken = Sqlite::fetch_optional(store.pool(), take, args)
                 .await
                 .map_err(err)?;
@@ -302,6 +323,7 @@ impl Dialect for Sqlite {
                     return Ok(Claim::Acquired {
                         token: token_from_db(Sqlite::int(&row, Col::Name("token")).map_err(err)?),
                         recovered,
+                        fence: fence_from_db(Sqlite::int(&row, Col::Name("fence")).map_err(err)?),
                     })
                 }
                 None => {

@@ -28,7 +28,9 @@ use super::{millis, store_error, token_to_db, LiveRow, TableName, DEFAULT_TABLE}
 /// [`StoreError::NotSetUp`] saying so, and the body does not run.
 ///
 /// Leases and expiry run on the database's clock, never the client's; fencing tokens are
-/// the caller's, kept in the row.
+/// the caller's, kept in the row. Each claim that acquires a key sets the row's `fence` to
+/// `max(fence + 1, the clock in microseconds)` in the claim's own statement (see
+/// [`Fence`](idem_core::Fence)).
 pub struct SqlStore<D: Dialect> {
     pool: sqlx::Pool<D>,
     table: TableName,
@@ -258,8 +260,20 @@ impl<D: Dialect> SqlStore<D> {
         }
     }
 
-    /// Checks once per store (clones share it) that the table's schema is not newer than
-    /// this build reads, before the first step: a store on your pool, or one connected with
+    fn older_schema(&self, found: i64, newest: i64) -> StoreError {
+        StoreError::NotSetUp {
+            backend: D::BACKEND,
+            message: format!(
+                "the table `{}` has schema version {found}, older than this build's {newest}: \
+                 run `migrate` (the store's `migrate()`, or `idem migrate <url>`) before using it",
+                self.table
+            ),
+        }
+    }
+
+    /// Checks once per store (clones share it) that the table's schema is the one this
+    /// build reads (not newer, and not older: an older table lacks columns the statements
+    /// name, such as `fence`), before the first step: a store on your pool, or one connected with
     /// `migrate(false)`, never ran [`migrate`](Self::migrate), which checks too. A missing
     /// schema table is left to the step, which then says the table is not set up; the
     /// check runs again at the next step.
@@ -274,6 +288,11 @@ impl<D: Dialect> SqlStore<D> {
             match D::fetch_i64_raw(&mut conn, &migration.current_version).await {
                 Ok(found) if found > migration.newest() => {
                     Err(Some(self.newer_schema(found, migration.newest())))
+                }
+                // Tables of every version have the schema table; 0 is a table not made
+                // yet, which the step reports as not set up.
+                Ok(found) if found > 0 && found < migration.newest() => {
+                    Err(Some(self.older_schema(found, migration.newest())))
                 }
                 Ok(_) => Ok(()),
                 Err(e) => match self.error(e) {
@@ -435,9 +454,12 @@ impl<D: Dialect> Store for SqlStore<D> {
         Ok(false)
     }
 
-    /// Every dialect keeps an ended claim's row until it is taken over or purged.
+    /// Every dialect keeps an ended claim's row until it is taken over or purged, and
+    /// assigns fences in its claim.
     fn capabilities(&self) -> Capabilities {
-        Capabilities::NONE.with_reports_recovery(true)
+        Capabilities::NONE
+            .with_reports_recovery(true)
+            .with_assigns_fences(true)
     }
 
     fn backend(&self) -> &'static str {

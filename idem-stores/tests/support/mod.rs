@@ -22,8 +22,8 @@ pub use proxy::TcpProxy;
 pub const STEP: Duration = Duration::from_millis(400);
 /// Slack for a loaded machine (two cores, every test crate at once) on top of a bound. Far
 /// below what an unbounded step costs: forever on a black-holed Postgres connection, the
-/// 3 s command timeout on Redis.
-pub const MARGIN: Duration = Duration::from_millis(600);
+/// 3 s command timeout on Redis (400 ms + 2 s stays below it).
+pub const MARGIN: Duration = Duration::from_secs(2);
 
 /// How one step ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -255,14 +255,16 @@ pub async fn extend_and_complete_when_black_holed(
     let backend = store.backend();
     let recorded = Recorded::new(store);
     let idem = engine(recorded.clone());
-    let lease = Duration::from_millis(1200);
+    // Beats at 2 s and 4 s, the body ends at 5 s: a second of slack on each side for a
+    // loaded machine, where a 1.2 s lease left 200 ms between the second beat and the end.
+    let lease = Duration::from_secs(6);
     let started = Instant::now();
     let out = idem
         .call(key, Fingerprint::NONE)
         .lease(lease)
         .run(|| async {
             proxy.black_hole();
-            tokio::time::sleep(Duration::from_millis(1000)).await;
+            tokio::time::sleep(Duration::from_secs(5)).await;
             1u32
         })
         .await;
@@ -293,10 +295,13 @@ pub async fn complete_black_holed_after_the_body(
     key: Key,
 ) {
     let backend = through_proxy.backend();
-    let lease = Duration::from_secs(2);
+    let lease = Duration::from_secs(4);
     let idem = engine(through_proxy);
     let other = engine(direct);
     let runs = Arc::new(AtomicU32::new(0));
+    // The first call's claim is made after this instant, so its lease ends after
+    // `lease_end`: retries stop a second before it, so none races the lease's end.
+    let lease_end = Instant::now() + lease;
     let first = {
         let (idem, key, runs) = (idem.clone(), key.clone(), runs.clone());
         let black_hole = proxy.black_hole_switch();
@@ -324,7 +329,7 @@ pub async fn complete_black_holed_after_the_body(
     }
     // Retries while the first call's lease lives: in progress, never a second run.
     let mut in_progress = 0;
-    while !first.is_finished() {
+    while !first.is_finished() && Instant::now() + Duration::from_secs(1) < lease_end {
         match other
             .call(key.clone(), Fingerprint::NONE)
             .run(|| async {

@@ -107,7 +107,7 @@ macro_rules! sql_store_tests {
                 .fetch_all(store.pool())
                 .await
                 .unwrap();
-                assert_eq!(versions, vec![1], "one version row however often migrate ran");
+                assert_eq!(versions, vec![1, 2], "one row per version however often migrate ran");
             }
 
             /// Two engines on two pools share one table: 300 calls over 30 keys, one run
@@ -158,14 +158,81 @@ macro_rules! sql_store_tests {
                 assert_eq!(runs, vec![1; KEYS], "executions per key across both engines");
             }
 
+            /// Leaves the table's schema table saying version `v` alone (version 1's row,
+            /// renumbered), as a build that wrote version `v` would leave it.
+            async fn newest_version_is(store: &$store, v: i64) {
+                for sql in [
+                    format!("DELETE FROM {}_schema WHERE version <> 1", store.table()),
+                    format!("UPDATE {}_schema SET version = {v}", store.table()),
+                ] {
+                    sqlx::query(&sql).execute(store.pool()).await.unwrap();
+                }
+            }
+
+            /// A table the build before fences made (schema version 1, no `fence` column),
+            /// with its rows: a store that did not migrate refuses it at its first step
+            /// (saying to migrate), `migrate` adds the column, and the old rows read: a
+            /// stored result replays, an ended claim is taken over with a fence from the
+            /// clock (its own reads as 0).
+            #[tokio::test]
+            async fn a_table_of_version_1_is_migrated_and_its_rows_still_read() {
+                let Some((store, _guard)) = $fresh.await else { return };
+                store.migrate().await.unwrap();
+                let (ended, done) = (key("v1-ended"), key("v1-done"));
+                acquire(&store, &ended, Duration::from_millis(50)).await;
+                let t = acquire(&store, &done, Duration::from_secs(30)).await;
+                store
+                    .complete(&done, t, Bytes::from_static(b"v1 result"), Duration::from_secs(60))
+                    .await
+                    .unwrap();
+                // Back to version 1: the rows are as the old build wrote them.
+                sqlx::query(&format!("ALTER TABLE {} DROP COLUMN fence", store.table()))
+                    .execute(store.pool())
+                    .await
+                    .unwrap();
+                newest_version_is(&store, 1).await;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+
+                let unmigrated = <$store>::new(store.pool().clone())
+                    .with_table(&store.table())
+                    .unwrap();
+                match unmigrated.claim(&ended, &Fingerprint::NONE, Token::random(), Duration::from_secs(30)).await {
+                    Err(StoreError::NotSetUp { message, .. }) => assert!(
+                        message.contains("schema version 1, older than this build's 2")
+                            && message.contains("migrate"),
+                        "{message}"
+                    ),
+                    other => panic!("expected NotSetUp on a version 1 table, got {other:?}"),
+                }
+
+                unmigrated.migrate().await.unwrap();
+                match unmigrated.claim(&done, &Fingerprint::NONE, Token::random(), Duration::from_secs(30)).await.unwrap() {
+                    Claim::Completed { payload, .. } => assert_eq!(&payload[..], b"v1 result"),
+                    other => panic!("the old result: {other:?}"),
+                }
+                let before = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_micros() as u64;
+                match unmigrated.claim(&ended, &Fingerprint::NONE, Token::random(), Duration::from_secs(30)).await.unwrap() {
+                    Claim::Acquired { recovered, fence, .. } => {
+                        assert!(recovered, "the old row's ended claim is taken over");
+                        // From the clock (servers and this machine agree within minutes).
+                        let minutes = 10 * 60 * 1_000_000;
+                        assert!(
+                            fence.get() + minutes > before && fence.get() < before + minutes,
+                            "{fence:?} is not the clock in microseconds ({before})"
+                        );
+                    }
+                    other => panic!("the old ended claim: {other:?}"),
+                }
+            }
+
             #[tokio::test]
             async fn a_table_migrated_by_a_newer_build_is_refused() {
                 let Some((store, _guard)) = $fresh.await else { return };
                 store.migrate().await.unwrap();
-                sqlx::query(&format!("UPDATE {}_schema SET version = 99", store.table()))
-                    .execute(store.pool())
-                    .await
-                    .unwrap();
+                newest_version_is(&store, 99).await;
                 match store.migrate().await {
                     Err(StoreError::NotSetUp { message, .. }) => {
                         assert!(message.contains("newer"), "{message}")
@@ -180,10 +247,7 @@ macro_rules! sql_store_tests {
             async fn a_newer_schema_is_refused_at_the_first_step_without_migrate() {
                 let Some((store, _guard)) = $fresh.await else { return };
                 store.migrate().await.unwrap();
-                sqlx::query(&format!("UPDATE {}_schema SET version = 99", store.table()))
-                    .execute(store.pool())
-                    .await
-                    .unwrap();
+                newest_version_is(&store, 99).await;
                 let other = <$store>::new(store.pool().clone())
                     .with_table(&store.table())
                     .unwrap();
@@ -195,7 +259,7 @@ macro_rules! sql_store_tests {
                 match &err {
                     StoreError::NotSetUp { message, .. } => assert!(
                         message.contains("schema version 99")
-                            && message.contains("newer than this build's 1")
+                            && message.contains("newer than this build's 2")
                             && message.contains(&store.table()),
                         "{message}"
                     ),
