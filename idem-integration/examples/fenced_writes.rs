@@ -8,7 +8,8 @@
 //! because each write carries the claim's fence (`idem::fence()`) and the table keeps only
 //! a larger one: `UPDATE payouts SET ..., fence = $1 WHERE order_id = $2 AND fence < $1`.
 //!
-//! `cargo run --example fenced_writes` (SQLite in a temporary directory, no server).
+//! `cargo run -p idem-integration --example fenced_writes` (SQLite in a temporary directory,
+//! no server).
 
 use std::time::Duration;
 
