@@ -236,9 +236,9 @@ mod redis_tls {
                 if let Some(mut e) = server.0.stderr.take() {
                     let _ = std::io::Read::read_to_string(&mut e, &mut err);
                 }
-                eprintln!(
-                    "skipped: this redis-server does not support --tls-port ({status}): {err}"
-                );
+                idem_core::testing::skip(&format!(
+                    "this redis-server does not support --tls-port ({status}): {err}"
+                ));
                 return None;
             }
             assert!(

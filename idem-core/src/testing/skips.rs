@@ -24,7 +24,20 @@ static REPORT_AT_EXIT: Once = Once::new();
 /// skipped, after libtest's `test result:` line, where a run's reader looks. Tests that
 /// decide on their own that they cannot run (no binary to start a server with, say) call
 /// this too, so that their skips are counted with the others.
+///
+/// # Panics
+///
+/// When `IDEM_REQUIRE_BACKENDS=1` (as in CI): there, a test that would run nothing is a
+/// failure, whatever its reason.
 pub fn skip(reason: &str) {
+    if std::env::var("IDEM_REQUIRE_BACKENDS").as_deref() == Ok("1") {
+        panic!("IDEM_REQUIRE_BACKENDS=1, but this test would be skipped: {reason}");
+    }
+    note_skip(reason);
+}
+
+/// Counts and prints a skip (what [`skip`] does once it has decided to skip).
+fn note_skip(reason: &str) {
     eprintln!("skipped: {reason}");
     if let Ok(mut skips) = SKIPS.lock() {
         *skips.entry(reason.to_owned()).or_default() += 1;
@@ -96,9 +109,9 @@ mod tests {
 
     #[test]
     fn skips_are_counted_per_reason_and_reported_most_first() {
-        skip("UNIT_TEST_A is not set");
-        skip("UNIT_TEST_B is not set");
-        skip("UNIT_TEST_B is not set");
+        note_skip("UNIT_TEST_A is not set");
+        note_skip("UNIT_TEST_B is not set");
+        note_skip("UNIT_TEST_B is not set");
         assert_eq!(skipped("UNIT_TEST_A is not set"), 1);
         assert_eq!(skipped("UNIT_TEST_B is not set"), 2);
         let lines = report_lines();
