@@ -126,6 +126,12 @@ mod tests {
             .position(|l| l == "skipped: 1 test of this binary ran nothing: UNIT_TEST_A is not set")
             .expect("a line for A");
         assert!(b < a, "most skipped first: {lines:?}");
+        // Not real skips: this binary's exit summary must not report them.
+        SKIPS
+            .lock()
+            .unwrap()
+            .retain(|reason, _| !reason.starts_with("UNIT_TEST_"));
+        assert!(report_lines().is_empty(), "{:?}", report_lines());
     }
 
     /// In the child process only (see below): one skipped test.
