@@ -14,37 +14,14 @@
 
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::LazyLock;
 
-use dashmap::DashMap;
-use idem::{idempotent, Idem, MemoryStore};
+use idem::{Idem, MemoryStore};
+#[path = "support/memory_pair.rs"]
+mod memory_pair;
 mod support;
 
-use support::{receipt_for, request, ChargeRequest, Receipt};
-
-#[idempotent(key = req.order_id)]
-async fn charge(req: ChargeRequest) -> Receipt {
-    receipt_for(&req)
-}
-
-#[idempotent(key = req.order_id, fingerprint = none)]
-async fn charge_unchecked(req: ChargeRequest) -> Receipt {
-    receipt_for(&req)
-}
-
-static BY_HAND: LazyLock<DashMap<String, Vec<u8>>> = LazyLock::new(DashMap::new);
-
-/// The hand-written check of `benches/memory.rs`: lookup and decode; on a miss, charge,
-/// encode, insert.
-async fn charge_by_hand(req: ChargeRequest) -> Receipt {
-    if let Some(bytes) = BY_HAND.get(&req.order_id) {
-        return serde_json::from_slice(&bytes).expect("a stored receipt");
-    }
-    let receipt = receipt_for(&req);
-    let bytes = serde_json::to_vec(&receipt).expect("a receipt encodes");
-    BY_HAND.insert(req.order_id, bytes);
-    receipt
-}
+use memory_pair::{charge, charge_by_hand, charge_unchecked};
+use support::request;
 
 /// Each case: (group, side). The idem side of a group is compared with its `baseline`.
 const CASES: &[(&str, &str)] = &[

@@ -32,20 +32,16 @@ use std::sync::{Arc, Barrier, LazyLock};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
-use dashmap::DashMap;
 use idem::{idempotent, Fingerprint, Idem, MemoryStore};
+#[path = "support/memory_pair.rs"]
+mod memory_pair;
 mod support;
 
+use memory_pair::{charge, charge_by_hand, charge_unchecked};
 use support::{receipt_for, request, ChargeRequest, Receipt};
 
 // ---------------------------------------------------------------------------------------
 // idem, as users write it.
-
-/// On the global engine (set to a memory store in `main`).
-#[idempotent(key = req.order_id)]
-async fn charge(req: ChargeRequest) -> Receipt {
-    receipt_for(&req)
-}
 
 fn cached_engine() -> &'static Idem {
     static ENGINE: LazyLock<Idem> = LazyLock::new(|| {
@@ -65,13 +61,6 @@ async fn charge_local(req: ChargeRequest) -> Receipt {
     receipt_for(&req)
 }
 
-/// The same without a payload check (`fingerprint = none`): what the fingerprint costs a
-/// replay, since the hand-written check and `#[cached]` check no payload.
-#[idempotent(key = req.order_id, fingerprint = none)]
-async fn charge_unchecked(req: ChargeRequest) -> Receipt {
-    receipt_for(&req)
-}
-
 /// The local cache without a payload check.
 #[idempotent(key = req.order_id, store = cached_engine(), fingerprint = none, clone_cached)]
 async fn charge_local_unchecked(req: ChargeRequest) -> Receipt {
@@ -80,21 +69,6 @@ async fn charge_local_unchecked(req: ChargeRequest) -> Receipt {
 
 // ---------------------------------------------------------------------------------------
 // What users would write instead.
-
-static BY_HAND: LazyLock<DashMap<String, Vec<u8>>> = LazyLock::new(DashMap::new);
-
-/// The hand-written check: look the order up, decode its stored receipt; on a miss, charge,
-/// encode, insert. No claim, so no protection against concurrent duplicates: the least a
-/// hand-rolled result cache does.
-async fn charge_by_hand(req: ChargeRequest) -> Receipt {
-    if let Some(bytes) = BY_HAND.get(&req.order_id) {
-        return serde_json::from_slice(&bytes).expect("a stored receipt");
-    }
-    let receipt = receipt_for(&req);
-    let bytes = serde_json::to_vec(&receipt).expect("a receipt encodes");
-    BY_HAND.insert(req.order_id, bytes);
-    receipt
-}
 
 /// The `cached` crate's memoization of the same function, keyed by the order id.
 #[cached::proc_macro::cached(key = "String", convert = r#"{ req.order_id.clone() }"#)]

@@ -1,0 +1,38 @@
+//! The memory pair that `benches/memory.rs` times and `benches/instructions.rs` counts:
+//! the attribute as users write it, on the global engine (set to a memory store in each
+//! bench's `main`), and the hand-written check it is compared with.
+
+use std::sync::LazyLock;
+
+use dashmap::DashMap;
+use idem::idempotent;
+
+use crate::support::{receipt_for, ChargeRequest, Receipt};
+
+/// On the global engine.
+#[idempotent(key = req.order_id)]
+pub async fn charge(req: ChargeRequest) -> Receipt {
+    receipt_for(&req)
+}
+
+/// The same without a payload check (`fingerprint = none`): what the fingerprint costs a
+/// replay, since the hand-written check and `#[cached]` check no payload.
+#[idempotent(key = req.order_id, fingerprint = none)]
+pub async fn charge_unchecked(req: ChargeRequest) -> Receipt {
+    receipt_for(&req)
+}
+
+static BY_HAND: LazyLock<DashMap<String, Vec<u8>>> = LazyLock::new(DashMap::new);
+
+/// The hand-written check: look the order up, decode its stored receipt; on a miss, charge,
+/// encode, insert. No claim, so no protection against concurrent duplicates: the least a
+/// hand-rolled result cache does.
+pub async fn charge_by_hand(req: ChargeRequest) -> Receipt {
+    if let Some(bytes) = BY_HAND.get(&req.order_id) {
+        return serde_json::from_slice(&bytes).expect("a stored receipt");
+    }
+    let receipt = receipt_for(&req);
+    let bytes = serde_json::to_vec(&receipt).expect("a receipt encodes");
+    BY_HAND.insert(req.order_id, bytes);
+    receipt
+}
