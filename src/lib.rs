@@ -83,6 +83,10 @@ pub use idem_core::{
     Record, Store, StoreError, StoreWrapper, Token, DEFAULT_LEASE, DEFAULT_RETRY_AFTER,
     DEFAULT_STEP_TIMEOUT, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
 };
+pub use idem_core::{
+    step, step_key, Ambiguous, NeverUnknown, Resolution, Resolved, Step, Unresolved,
+    MAX_STEP_NAME_LEN,
+};
 pub use idem_stores::MemoryStore;
 
 /// The `Idempotency-Key` HTTP header: a tower layer (axum-compatible), the axum extractor

@@ -34,6 +34,8 @@ use crate::{BoxError, CallWithOutcome, Error, Fingerprint, Idem, Key, Origin, Re
 /// | [`Error::InProgress`] (another consumer runs it) | [`Redeliver`](Decision::Redeliver) after its hint | `nack` with requeue | `nak` with delay |
 /// | [`Error::WaitTimeout`], [`Error::LeaseLost`], a temporary [`Error::Store`] | `Redeliver` after 1 s | `nack` with requeue | `nak` with delay |
 /// | a permanent [`Error::Store`], [`Error::Config`], [`Error::Connect`], [`Error::InvalidOption`] (the consumer's setup, not the message) | `Redeliver` after 30 s | `nack` with requeue | `nak` with delay |
+/// | [`Error::OutcomeUnknown`] (a step of the handler may or may not have taken effect) | [`Hold`](Decision::Hold) for 5 min | `nack` with requeue | `nak` with delay |
+/// | [`Error::Step`] (a step written wrongly: the handler, not the message) | `Redeliver` after 30 s | `nack` with requeue | `nak` with delay |
 /// | [`Error::KeyReuse`] (the id was used by another payload) | [`Reject`](Decision::Reject) | `reject`, no requeue (dead letter) | `term` |
 /// | [`Error::InvalidKey`], [`Error::MissingKey`] (the message has no usable key) | `Reject` | `reject` | `term` |
 /// | [`Error::Decode`], [`Error::Encode`] (a record this build cannot read, a result it could not store: the effect may have happened) | `Reject` | `reject` | `term` |
@@ -63,6 +65,15 @@ pub enum Decision {
         /// How long the broker should wait (a hint: RabbitMQ requeues at once).
         after: Duration,
     },
+    /// Not done, and not to be tried again until someone finds out what happened: a step
+    /// of the handler has an unknown outcome ([`Error::OutcomeUnknown`]) and the key is
+    /// held. Keep the message (neither ack nor dead-letter it) and have the broker deliver
+    /// it again after `after`: once the step is resolved (`idem resolve`, or the engine's
+    /// reconcile hook) that delivery finishes the work, running only the steps not done.
+    Hold {
+        /// How long the broker should keep the message before delivering it again.
+        after: Duration,
+    },
     /// Not processable as it is, now or later: reject it without requeue, to the
     /// dead-letter queue or its broker's equivalent, where a person can look.
     Reject,
@@ -74,6 +85,9 @@ impl Decision {
     /// The pause before a redelivery held up by the consumer's own setup (a store that
     /// refuses it, a bad option): long enough not to spin, short enough to recover.
     pub const LATER: Duration = Duration::from_secs(30);
+    /// The pause before a held message is delivered again: a person or a reconcile hook
+    /// has to find out what happened first.
+    pub const HELD: Duration = Duration::from_secs(300);
 
     /// The decision for what a handler run through the engine answered, or
     /// [`Idem::mark_processed`]: `Ok` is done, first or duplicate; an error is classified
@@ -107,7 +121,11 @@ impl Decision {
             Error::Store { source, .. } if source.is_temporary() => Decision::Redeliver {
                 after: Decision::SOON,
             },
+            Error::OutcomeUnknown { .. } => Decision::Hold {
+                after: Decision::HELD,
+            },
             Error::Store { .. }
+            | Error::Step { .. }
             | Error::Config { .. }
             | Error::Connect { .. }
             | Error::InvalidOption { .. } => Decision::Redeliver {

@@ -38,6 +38,9 @@ const HEADER: usize = 15;
 pub(crate) enum Kind {
     Value = 0,
     Error = 1,
+    /// A key held because the outcome of one of its steps is unknown: the payload is the
+    /// step's name as JSON (`{"step":"charge"}`), whatever the call's codec.
+    Held = 2,
 }
 
 pub(crate) fn seal<C: Codec, T: Serialize + ?Sized>(
@@ -73,6 +76,11 @@ pub(crate) fn open<'a, C: Codec>(
             expected: FORMAT_VERSION,
         });
     }
+    if bytes[6] == Kind::Held as u8 {
+        // A hold is the same record whatever the call's codec and version: every call of
+        // the key must see it.
+        return Ok((Kind::Held, &bytes[HEADER..]));
+    }
     if bytes[5] != codec.id() {
         return Err(DecodeError::Codec {
             found: bytes[5],
@@ -82,6 +90,7 @@ pub(crate) fn open<'a, C: Codec>(
     let kind = match bytes[6] {
         0 => Kind::Value,
         1 => Kind::Error,
+        2 => Kind::Held,
         _ => return Err(DecodeError::NotAnEnvelope),
     };
     let found = if bytes[4] == FORMAT_V1 {
@@ -133,7 +142,7 @@ pub fn open_value<C: Codec, T: DeserializeOwned>(
 ) -> Result<T, DecodeError> {
     match open(codec, version, bytes)? {
         (Kind::Value, payload) => decode_payload(codec, payload),
-        (Kind::Error, _) => Err(DecodeError::UnexpectedError),
+        (Kind::Error | Kind::Held, _) => Err(DecodeError::UnexpectedError),
     }
 }
 
@@ -148,8 +157,38 @@ pub struct Header {
     pub codec: u8,
     /// Whether the record holds an error the call chose to cache, not its value.
     pub cached_error: bool,
+    /// Whether the record holds a key whose step's outcome is unknown (the payload is
+    /// `{"step":"<name>"}` in JSON), not a result. See [`step`](crate::step).
+    pub held: bool,
     /// The result `version` the writing call declared (0 for format 1).
     pub version: u64,
+}
+
+/// The record that holds a key whose step `step` has an unknown outcome: a format 2
+/// envelope of kind 2, the JSON codec's id, result version 0, and `{"step":"<name>"}`.
+pub(crate) fn seal_held(step: &str) -> Vec<u8> {
+    let payload = serde_json::json!({ "step": step }).to_string();
+    let mut out = Vec::with_capacity(HEADER + payload.len());
+    out.extend_from_slice(MAGIC);
+    out.push(FORMAT_VERSION);
+    out.push(crate::codec::Json.id());
+    out.push(Kind::Held as u8);
+    out.extend_from_slice(&0u64.to_le_bytes());
+    out.extend_from_slice(payload.as_bytes());
+    out
+}
+
+/// The name of the step whose unknown outcome holds this record, if it is a hold.
+pub fn held_step(bytes: &[u8]) -> Option<String> {
+    let (header, payload) = header(bytes).ok()?;
+    if !header.held {
+        return None;
+    }
+    #[derive(serde::Deserialize)]
+    struct Hold {
+        step: String,
+    }
+    serde_json::from_slice::<Hold>(payload).ok().map(|h| h.step)
 }
 
 /// Reads the header of a stored record and returns it with the codec's payload, checking
@@ -165,9 +204,10 @@ pub fn header(bytes: &[u8]) -> Result<(Header, &[u8]), DecodeError> {
             expected: FORMAT_VERSION,
         });
     }
-    let cached_error = match bytes[6] {
-        0 => false,
-        1 => true,
+    let (cached_error, held) = match bytes[6] {
+        0 => (false, false),
+        1 => (true, false),
+        2 => (false, true),
         _ => return Err(DecodeError::NotAnEnvelope),
     };
     let version = if bytes[4] == FORMAT_V1 {
@@ -181,6 +221,7 @@ pub fn header(bytes: &[u8]) -> Result<(Header, &[u8]), DecodeError> {
         format: bytes[4],
         codec: bytes[5],
         cached_error,
+        held,
         version,
     };
     Ok((header, &bytes[HEADER..]))

@@ -111,6 +111,29 @@ pub enum Error {
         #[source]
         source: Option<BoxError>,
     },
+    /// A step of the key's operation failed in a way that leaves its outcome unknown (a
+    /// timeout after the request was sent, say: the charge may have happened), so the key
+    /// is held: its body neither runs again nor replays until the step is resolved as ran
+    /// or not ran, by the engine's reconcile hook ([`IdemBuilder::reconcile`](crate::IdemBuilder::reconcile)),
+    /// by [`Idem::resolve`](crate::Idem::resolve), or by the admin command (`idem resolve`).
+    #[error("the outcome of step `{step}` of idempotency key `{key}` is unknown; the key is held until the step is resolved as ran or not ran (`idem resolve`)")]
+    OutcomeUnknown {
+        /// The key of the whole operation.
+        key: Key,
+        /// The step whose outcome is unknown.
+        step: String,
+    },
+    /// A step ([`step`](crate::step)) that cannot run as written: outside the body of an
+    /// idempotent call, a name that is not valid, or a name the body already used.
+    #[error("step `{}` {}: {reason}", crate::key::shown(step), key.as_ref().map(|k| format!("of idempotency key `{k}`")).unwrap_or_else(|| "outside any idempotent call".into()))]
+    Step {
+        /// The key of the call whose body ran it; `None` outside any call.
+        key: Option<Key>,
+        /// The step's name, as given.
+        step: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// A store could not be reached or set up while connecting (refused, timed out, a bad
     /// password, a table that could not be created).
     #[error("cannot connect an idempotency store: {message}")]
@@ -134,7 +157,9 @@ impl Error {
             | Error::Encode { key, .. }
             | Error::Store { key, .. }
             | Error::InvalidOption { key, .. }
+            | Error::OutcomeUnknown { key, .. }
             | Error::WaitTimeout { key, .. } => Some(key),
+            Error::Step { key, .. } => key.as_ref(),
             Error::InvalidKey { .. }
             | Error::MissingKey { .. }
             | Error::Config { .. }

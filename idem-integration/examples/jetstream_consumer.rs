@@ -262,7 +262,8 @@ impl Worker {
                     msg.ack().await?;
                     self.stats.acks.fetch_add(1, Ordering::SeqCst);
                 }
-                Decision::Redeliver { after } => {
+                // A held message waits longer, for the step in doubt to be resolved.
+                Decision::Redeliver { after } | Decision::Hold { after } => {
                     msg.ack_with(AckKind::Nak(Some(after))).await?;
                     self.stats.naks.fetch_add(1, Ordering::SeqCst);
                 }

@@ -14,6 +14,8 @@ use crate::codec::BuiltinCodec;
 use crate::error::Error;
 use crate::store::Store;
 
+use super::journal::{Reconciler, Resolution, Unresolved};
+
 /// Builds an [`Idem`]: `Idem::builder().store(s).ttl(...).build()`.
 ///
 /// Every duration (`ttl`, `lease`, `wait_timeout`, `step_timeout`, `retry_after`) must lie
@@ -31,6 +33,17 @@ pub struct IdemBuilder {
     retry_after: Option<Duration>,
     lease_loss: LeaseLoss,
     local_cache: Option<(usize, Duration)>,
+    reconciler: Option<Hook>,
+}
+
+/// The reconcile hook, as the builder keeps it (its `Debug` does not show the closure).
+#[derive(Clone)]
+struct Hook(Reconciler);
+
+impl std::fmt::Debug for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<reconcile hook>")
+    }
 }
 
 impl IdemBuilder {
@@ -131,6 +144,37 @@ impl IdemBuilder {
         self
     }
 
+    /// The reconcile hook: user code that finds out what happened to a step whose outcome
+    /// was unknown ([`Step::unknown_if`](crate::Step::unknown_if)), usually by asking the
+    /// system the step called under its [`step_key`](crate::step_key). A call that finds
+    /// its key held asks the hook first: `Some` resolution resolves the step (as
+    /// [`Idem::resolve`] does) and the call goes on, running the body, which replays the
+    /// steps that completed and runs the rest; `None` (the hook does not know yet) answers
+    /// [`Error::OutcomeUnknown`] as without a hook.
+    ///
+    /// ```
+    /// use idem::{Idem, MemoryStore, Resolution};
+    /// let idem = Idem::builder()
+    ///     .store(MemoryStore::new())
+    ///     .reconcile(|unresolved| async move {
+    ///         match unresolved.step() {
+    ///             // Ask the provider under the key the step handed on.
+    ///             "charge" => Resolution::ran(&format!("found {}", unresolved.step_key())).ok(),
+    ///             _ => None,
+    ///         }
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), idem::Error>(())
+    /// ```
+    pub fn reconcile<F, Fut>(mut self, hook: F) -> Self
+    where
+        F: Fn(Unresolved) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Option<Resolution>> + Send + 'static,
+    {
+        self.reconciler = Some(Hook(Arc::new(move |u| Box::pin(hook(u)))));
+        self
+    }
+
     /// Builds the engine. Fails with [`Error::Config`] when no store was given or a
     /// duration is under 1 ms or over 100 years.
     pub fn build(self) -> Result<Idem, Error> {
@@ -170,6 +214,7 @@ impl IdemBuilder {
                 step_timeout,
                 retry_after: self.retry_after,
                 lease_loss: self.lease_loss,
+                reconciler: self.reconciler.map(|hook| hook.0),
                 cache: self
                     .local_cache
                     .filter(|(capacity, _)| *capacity > 0)

@@ -130,10 +130,19 @@ pub(super) fn decode<C: Codec, T: DeserializeOwned, E, P: ErrorPolicy<E>>(
     bytes: &[u8],
 ) -> Result<Result<T, E>, Error> {
     let res = envelope::open(codec, version, bytes).and_then(|(kind, payload)| match kind {
-        Kind::Value => envelope::decode_payload(codec, payload).map(Ok),
-        Kind::Error => policy.decode(codec, payload).map(Err),
+        Kind::Value => envelope::decode_payload(codec, payload).map(|v| Some(Ok(v))),
+        Kind::Error => policy.decode(codec, payload).map(|e| Some(Err(e))),
+        Kind::Held => Ok(None),
     });
-    res.map_err(|source| Error::Decode { key, source })
+    match res {
+        Ok(Some(out)) => Ok(out),
+        // The key is held: one of its steps has an unknown outcome.
+        Ok(None) => Err(Error::OutcomeUnknown {
+            key,
+            step: envelope::held_step(bytes).unwrap_or_default(),
+        }),
+        Err(source) => Err(Error::Decode { key, source }),
+    }
 }
 
 /// The `==` of a result type, when the caller knows it has one (`#[idempotent]` finds out

@@ -13,6 +13,7 @@ use super::claim::{claim_or_wait, Claimed};
 use super::complete::{check_round_trip, decode, store_result, ErrorPolicy, ValueOps};
 use super::context::with_fence;
 use super::heartbeat::with_heartbeat;
+use super::journal::{Ending, Journal};
 use super::observe::{count_call, outcome_label, InFlight, StoreClock};
 use super::release::ReleaseGuard;
 use super::step::Steps;
@@ -203,24 +204,38 @@ impl<C: Codec> Call<'_, C> {
             ops,
             cache: inner.cache.as_ref().map(|cache| (cache, request)),
         };
-        match claim_or_wait(&call).await? {
-            Claimed::Completed {
-                fingerprint,
-                payload,
-            } => {
-                let out = results.decode(&key, &payload)?;
-                results.keep(&call, fingerprint, payload, &out);
-                Ok(Happened::Replayed(out))
-            }
-            // Boxed, so that the future of a replay, which never gets there, stays small
-            // (moving a large future costs a replay more than this allocation costs a run).
-            Claimed::Ours {
-                token,
-                leased_at,
-                fence,
-            } => {
-                let (store, claim) = (inner.store.clone(), (token, leased_at, fence));
-                Box::pin(first_run(&call, results, store, claim, body)).await
+        let idem = self.idem;
+        let mut reconciled = false;
+        loop {
+            match claim_or_wait(&call).await? {
+                Claimed::Completed {
+                    fingerprint,
+                    payload,
+                } => match results.decode(&key, &payload) {
+                    // The key is held by a step whose outcome is unknown: the engine's
+                    // reconcile hook, if it knows what happened, resolves it, and the call
+                    // claims again (once).
+                    Err(Error::OutcomeUnknown { step, .. })
+                        if !reconciled && Box::pin(idem.reconcile(&key, &step)).await? =>
+                    {
+                        reconciled = true;
+                    }
+                    out => {
+                        let out = out?;
+                        results.keep(&call, fingerprint, payload, &out);
+                        return Ok(Happened::Replayed(out));
+                    }
+                },
+                // Boxed, so that the future of a replay, which never gets there, stays small
+                // (moving a large future costs a replay more than this allocation costs a run).
+                Claimed::Ours {
+                    token,
+                    leased_at,
+                    fence,
+                } => {
+                    let (store, claim) = (inner.store.clone(), (token, leased_at, fence));
+                    return Box::pin(first_run(&call, results, store, claim, body)).await;
+                }
             }
         }
     }
@@ -296,10 +311,13 @@ where
     P: ErrorPolicy<E>,
 {
     let key = call.key;
+    // What the body's steps record, and what they left at its end.
+    let journal = Journal::new(call, store.clone());
     // From here until the record is completed or released, dropping this future (or a panic
     // in the body) releases the claim in the background.
     let mut guard = ReleaseGuard::new(store, call.step_timeout, key.clone(), token);
-    let beat = with_heartbeat(call, token, leased_at, with_fence(fence, body())).await;
+    let body = journal.scope(with_fence(fence, body()));
+    let beat = with_heartbeat(call, token, leased_at, body).await;
     let Some(out) = beat.out else {
         // The lease was lost and the body dropped before its end: the key is another
         // caller's, or may be at any moment, so there is nothing of ours to give back.
@@ -310,12 +328,29 @@ where
     // The body has run. Only an error it returned, and that is not one to keep, gives the
     // claim back. Asking whether to keep it runs the user's predicate: a panic there keeps
     // the claim, as an error that cannot be judged may be one whose effect happened.
-    let out = match out {
-        Err(e) if !guard.held_while(|| results.policy.cache(&e)) => {
+    let out = match (journal.ending(), out) {
+        // A step's outcome is unknown: whatever the body answered, the key is held (its
+        // result is not stored, its claim not given back) until the step is resolved.
+        (Ending::Held(step), _) => {
+            guard.disarm();
+            let hold = Bytes::from(envelope::seal_held(&step));
+            store_result(call, token, &hold, beat.leased_at + call.lease).await?;
+            return Err(Error::OutcomeUnknown {
+                key: key.clone(),
+                step,
+            });
+        }
+        // A step may have taken effect without its record: giving the claim back would let
+        // a retry run it again at once, so the claim ends with its lease instead.
+        (Ending::Unrecorded, Err(e)) if !guard.held_while(|| results.policy.cache(&e)) => {
+            guard.disarm();
+            return Ok(Happened::Released(e));
+        }
+        (_, Err(e)) if !guard.held_while(|| results.policy.cache(&e)) => {
             guard.release(call.clock).await;
             return Ok(Happened::Released(e));
         }
-        out => out,
+        (_, out) => out,
     };
     // The body succeeded (or failed in a way to keep): from here on a release would invite
     // a second run of its side effect. If the outcome is not stored, the claim ends with its
@@ -328,6 +363,7 @@ where
     }
     store_result(call, token, &sealed, beat.leased_at + call.lease).await?;
     tracing::debug!(target: "idem", key = %key, token = %token, "completed");
+    journal.forget_steps();
     results.keep(call, call.fingerprint, sealed, &out);
     Ok(Happened::Ran(out))
 }

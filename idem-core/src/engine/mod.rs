@@ -23,6 +23,7 @@ mod complete;
 mod context;
 mod execute;
 mod heartbeat;
+mod journal;
 mod observe;
 mod outcome;
 mod release;
@@ -33,9 +34,13 @@ pub use builder::IdemBuilder;
 pub use call::{Answers, Call, CallWithOutcome, InProgress, LeaseLoss, MissingKey, RequestPrint};
 pub use complete::{Share, SharedValue, ValueEq, ValueOps};
 pub use context::fence;
+pub use journal::{
+    step, step_key, Ambiguous, NeverUnknown, Resolution, Resolved, Step, Unresolved,
+    MAX_STEP_NAME_LEN,
+};
 pub use outcome::{Origin, Outcome};
 
-use step::step;
+use step::step as store_step;
 
 /// The default time a stored result lives: 24 hours.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
@@ -95,6 +100,8 @@ struct Inner {
     /// The retry-after hint asked for, if any; else [`retry_hint`]'s default.
     retry_after: Option<Duration>,
     lease_loss: LeaseLoss,
+    /// The hook that reconciles steps whose outcome is unknown, if any.
+    reconciler: Option<journal::Reconciler>,
     cache: Option<LocalCache>,
 }
 
@@ -111,6 +118,7 @@ impl std::fmt::Debug for Idem {
             .field("retry_after", &self.inner.retry_after)
             .field("lease_loss", &self.inner.lease_loss)
             .field("local_cache", &self.inner.cache.is_some())
+            .field("reconcile", &self.inner.reconciler.is_some())
             .finish()
     }
 }
@@ -207,7 +215,7 @@ impl Idem {
         }
         let store = &*self.inner.store;
         let clock = observe::StoreClock::default();
-        step(
+        store_step(
             store,
             &clock,
             "delete",

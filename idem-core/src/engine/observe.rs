@@ -66,6 +66,7 @@ pub(super) fn outcome_label<T, E>(happened: &Result<Happened<T, E>, Error>) -> &
         Err(Error::InProgress { .. } | Error::WaitTimeout { .. }) => "in_progress",
         Err(Error::KeyReuse { .. }) => "key_reuse",
         Err(Error::LeaseLost { .. }) => "lease_lost",
+        Err(Error::OutcomeUnknown { .. }) => "outcome_unknown",
         Err(Error::Store { .. } | Error::Decode { .. }) => "store_error",
         // A call refused before it reached the store (a bad option, a missing key) or a
         // result its codec cannot carry.

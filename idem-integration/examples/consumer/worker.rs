@@ -163,7 +163,10 @@ impl Worker {
                     self.stats.acks.fetch_add(1, Ordering::SeqCst);
                 }
                 // RabbitMQ requeues at once: the delay is a hint it has no place for.
-                decision @ (Decision::Redeliver { .. } | Decision::Reject) => {
+                // A held message is requeued too: it is done once its step is resolved.
+                decision @ (Decision::Redeliver { .. }
+                | Decision::Hold { .. }
+                | Decision::Reject) => {
                     let requeue = decision != Decision::Reject;
                     if let Err(e) = &answer {
                         eprintln!(

@@ -1,0 +1,718 @@
+//! Steps inside one call: the journal of a body's side effects, so that a later attempt of
+//! the same key (after an `Err`, a panic, or a crash and a takeover) runs only the steps
+//! that did not complete, and a step whose outcome nobody knows holds the key until it is
+//! resolved.
+//!
+//! A step's record is an ordinary record under a key of its own, derived from the call's:
+//! the scope `<scope>#step:<name>` and the call's id (`billing::checkout#step:charge/o-1`).
+//! A step claims that key, runs, and completes it with its value (the JSON codec, result
+//! version 0), so every store keeps step records as it keeps results, and two attempts that
+//! overlap (a holder whose lease was taken over and its successor) never run one step at
+//! once: the second waits for the first's record. Step records live as long as results
+//! (the call's `ttl`); once the call's result is stored they are deleted.
+//!
+//! A step that fails in a way that leaves its outcome unknown ([`Step::unknown_if`]) is
+//! completed with a hold instead of a value, and so is the call's own key: every later
+//! call of the key answers [`Error::OutcomeUnknown`] without running the body, until the
+//! step is resolved ([`Idem::resolve`], the engine's reconcile hook, or `idem resolve`).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{de::DeserializeOwned, Serialize};
+use tokio::time::Instant;
+
+use super::claim::{claim_or_wait, Claimed};
+use super::complete::store_result;
+use super::heartbeat::with_heartbeat;
+use super::observe::StoreClock;
+use super::release::ReleaseGuard;
+use super::step::{step as store_step, store_error, Steps};
+use super::{Idem, InProgress, LeaseLoss};
+use crate::codec::Json;
+use crate::envelope::{self, Kind};
+use crate::error::Error;
+use crate::key::Key;
+use crate::store::{Claim, Fingerprint, Record, Store, Token};
+
+/// The longest step name, in bytes.
+pub const MAX_STEP_NAME_LEN: usize = 64;
+
+/// What joins a call's scope and a step's name in the scope of the step's record.
+const STEP_SCOPE: &str = "#step:";
+
+tokio::task_local! {
+    /// The journal of the call whose body this task is running.
+    static JOURNAL: Arc<Journal>;
+}
+
+/// What the steps of one attempt share: the call's store and key, its lease and ttl, and
+/// what the attempt's steps did.
+pub(super) struct Journal {
+    store: Arc<dyn Store>,
+    key: Key,
+    ttl: Duration,
+    lease: Duration,
+    step_timeout: Duration,
+    lease_loss: LeaseLoss,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// The names of the steps this attempt reached, in order.
+    names: Vec<String>,
+    /// The step whose outcome is unknown, once one is.
+    held: Option<String>,
+    /// A step may have taken effect without its record being stored: the call's claim must
+    /// not be given back (a retry at once would run the step again), only end with its lease.
+    unrecorded: bool,
+}
+
+/// How a body's attempt ended, as its steps left it.
+pub(super) enum Ending {
+    /// No step is in doubt.
+    Clean,
+    /// The outcome of this step is unknown: the key is to be held.
+    Held(String),
+    /// A step may have taken effect without its record: keep the claim until its lease ends.
+    Unrecorded,
+}
+
+impl Journal {
+    pub(super) fn new(call: &Steps<'_>, store: Arc<dyn Store>) -> Arc<Journal> {
+        Arc::new(Journal {
+            store,
+            key: call.key.clone(),
+            ttl: call.ttl,
+            lease: call.lease,
+            step_timeout: call.step_timeout,
+            lease_loss: call.lease_loss,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    /// Runs `body` with this journal as what its steps see.
+    pub(super) fn scope<F: Future>(self: &Arc<Self>, body: F) -> impl Future<Output = F::Output> {
+        JOURNAL.scope(self.clone(), body)
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        // A step's bookkeeping never panics while it holds the lock.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What the attempt's steps left.
+    pub(super) fn ending(&self) -> Ending {
+        let state = self.state();
+        match (&state.held, state.unrecorded) {
+            (Some(step), _) => Ending::Held(step.clone()),
+            (None, true) => Ending::Unrecorded,
+            (None, false) => Ending::Clean,
+        }
+    }
+
+    /// Deletes the step records of this attempt, now that the call's result is stored: in
+    /// the background, each bounded by the step timeout. One left behind (the store failed)
+    /// expires with its ttl, and no call reads it while the result lives.
+    pub(super) fn forget_steps(&self) {
+        let names = std::mem::take(&mut self.state().names);
+        if names.is_empty() {
+            return;
+        }
+        let keys: Vec<Key> = names
+            .iter()
+            .filter_map(|name| step_record_key(&self.key, name).ok())
+            .collect();
+        let (store, limit) = (self.store.clone(), self.step_timeout);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            for key in keys {
+                if let Ok(Err(e)) = tokio::time::timeout(limit, store.delete(&key)).await {
+                    tracing::debug!(target: "idem", key = %key, error = %e,
+                        "a step record was not deleted; it expires with its ttl");
+                }
+            }
+        });
+    }
+
+    fn steps<'c>(&'c self, key: &'c Key, clock: &'c StoreClock) -> Steps<'c> {
+        Steps {
+            store: &*self.store,
+            clock,
+            step_timeout: self.step_timeout,
+            key,
+            fingerprint: Fingerprint::NONE,
+            ttl: self.ttl,
+            lease: self.lease,
+            // An earlier attempt may still be in this step (its holder was taken over but
+            // runs on): wait for its record rather than run the step beside it.
+            mode: InProgress::Wait,
+            wait_timeout: self
+                .lease
+                .saturating_mul(2)
+                .saturating_add(self.step_timeout),
+            retry_after: None,
+            lease_loss: self.lease_loss,
+        }
+    }
+
+    fn error(&self, step: &str, reason: impl Into<String>) -> Error {
+        Error::Step {
+            key: Some(self.key.clone()),
+            step: step.to_owned(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Records that the attempt reached step `name`: refused if it already did.
+    fn enter(&self, name: &str) -> Result<(), Error> {
+        let mut state = self.state();
+        if state.names.iter().any(|n| n == name) {
+            return Err(self.error(
+                name,
+                "this body already ran a step of this name; each step needs its own (in a loop, number them: `email.0`, `email.1`)",
+            ));
+        }
+        if let Some(held) = &state.held {
+            return Err(Error::OutcomeUnknown {
+                key: self.key.clone(),
+                step: held.clone(),
+            });
+        }
+        state.names.push(name.to_owned());
+        Ok(())
+    }
+
+    fn hold(&self, name: &str) {
+        let mut state = self.state();
+        state.held.get_or_insert_with(|| name.to_owned());
+    }
+
+    fn unrecorded(&self) {
+        self.state().unrecorded = true;
+    }
+}
+
+/// Whether `name` can name a step: 1 to [`MAX_STEP_NAME_LEN`] bytes of ASCII letters,
+/// digits, `_`, `-` and `.`.
+fn check_name(name: &str) -> Result<(), String> {
+    let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+    if name.is_empty() || name.len() > MAX_STEP_NAME_LEN || !name.chars().all(valid) {
+        return Err(format!(
+            "a step name is 1 to {MAX_STEP_NAME_LEN} bytes of ASCII letters, digits, `_`, `-` and `.`"
+        ));
+    }
+    Ok(())
+}
+
+/// The key of the record of step `name` of the call keyed `parent`:
+/// `<scope>#step:<name>/<id>`.
+pub(crate) fn step_record_key(parent: &Key, name: &str) -> Result<Key, String> {
+    check_name(name)?;
+    Key::new(format!("{}{STEP_SCOPE}{name}", parent.scope()), parent.id()).map_err(|e| match e {
+        Error::InvalidKey { reason, .. } => format!(
+            "its record's key is not valid ({reason}): the call's scope and the step's name are at most {} bytes together",
+            crate::key::MAX_SCOPE_LEN - STEP_SCOPE.len()
+        ),
+        other => other.to_string(),
+    })
+}
+
+/// A key for step `name` of the call keyed `parent`, to hand on to the system the step
+/// calls (a payment provider's own idempotency key): 32 lowercase hex digits, the 128-bit
+/// digest of the step record's key. Stable across releases, like every digest of idem.
+pub(crate) fn provider_key(parent: &Key, name: &str) -> Result<String, String> {
+    let key = step_record_key(parent, name)?;
+    Ok(crate::digest_hex(key.as_str()))
+}
+
+/// The journal of the call whose body is running, or the error for a step outside one.
+fn current(name: &str) -> Result<Arc<Journal>, Error> {
+    JOURNAL.try_with(Arc::clone).map_err(|_| Error::Step {
+        key: None,
+        step: name.to_owned(),
+        reason: "a step runs only in the body of an idempotent call, in the body's own task (a task the body spawns does not see the call)".into(),
+    })
+}
+
+/// A stable key for step `name` of the idempotent call whose body is running: pass it on as
+/// the idempotency key of the system the step calls (Stripe's `Idempotency-Key`, say), so
+/// that a step run again after a crash is answered by that system instead of repeated. It is
+/// 32 lowercase hex digits, the same for every attempt of the call's key, different for each
+/// step and key. An [`Error::Step`] outside a call's body or for a name that is not valid.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem::Error> {
+/// let idem = idem::Idem::new(idem::MemoryStore::new());
+/// let key = idem::Key::new("shop::checkout", "o-1")?;
+/// let (a, b) = idem
+///     .call(key.clone(), idem::Fingerprint::NONE)
+///     .run_fallible(|| async { Ok::<_, idem::Error>((idem::step_key("charge")?, idem::step_key("email")?)) })
+///     .await?;
+/// assert_eq!(a.len(), 32);
+/// assert_ne!(a, b);
+/// assert!(idem::step_key("charge").is_err(), "no call runs here");
+/// # Ok(()) }
+/// ```
+pub fn step_key(name: &str) -> Result<String, Error> {
+    let journal = current(name)?;
+    provider_key(&journal.key, name).map_err(|reason| journal.error(name, reason))
+}
+
+/// Runs `f` as the step `name` of the idempotent call whose body is running: once per key,
+/// however many attempts the call takes. Short for [`Step::new(name).run(f)`](Step::run).
+///
+/// A step's value is stored as soon as it completes; a later attempt of the key (after the
+/// body returned an `Err`, panicked, or its process died and the lease was taken over) gets
+/// it from the store instead of running `f` again, and runs only the steps after it. A
+/// step outside an idempotent call's body, or a name the body already used, is an
+/// [`Error::Step`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem::Error> {
+/// use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
+/// let idem = idem::Idem::new(idem::MemoryStore::new());
+/// let (charges, mail_up) = (AtomicU32::new(0), AtomicBool::new(false));
+/// let checkout = || {
+///     let key = idem::Key::new("shop::checkout", "o-1").unwrap();
+///     idem.call(key, idem::Fingerprint::NONE).run_fallible(|| async {
+///         let receipt = idem::step("charge", || async {
+///             charges.fetch_add(1, SeqCst);
+///             Ok::<_, idem::Error>("ch_1".to_string())
+///         })
+///         .await?;
+///         idem::step("email", || async {
+///             match mail_up.load(SeqCst) {
+///                 true => Ok(()),
+///                 false => Err(idem::Error::Config { message: "mail server down".into(), source: None }),
+///             }
+///         })
+///         .await?;
+///         Ok(receipt)
+///     })
+/// };
+/// assert!(checkout().await.is_err(), "charged, then the email failed: the claim is given back");
+/// mail_up.store(true, SeqCst);
+/// assert_eq!(checkout().await?, "ch_1", "the retry gets the charge's record, and sends the email");
+/// assert_eq!(charges.load(SeqCst), 1);
+/// # Ok(()) }
+/// ```
+pub async fn step<T, E, F, Fut>(name: &str, f: F) -> Result<T, E>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+{
+    run_step(name, NeverUnknown, f).await
+}
+
+/// Which errors of a step leave its outcome unknown: see [`Step::unknown_if`]. Implemented
+/// by every `FnOnce(&E) -> bool`, and by [`NeverUnknown`].
+pub trait Ambiguous<E> {
+    /// Whether `err` leaves the step's outcome unknown.
+    fn ambiguous(self, err: &E) -> bool;
+}
+
+impl<E, F: FnOnce(&E) -> bool> Ambiguous<E> for F {
+    fn ambiguous(self, err: &E) -> bool {
+        self(err)
+    }
+}
+
+/// A step none of whose errors leaves its outcome unknown: what [`Step::new`] starts with.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NeverUnknown;
+
+impl<E> Ambiguous<E> for NeverUnknown {
+    fn ambiguous(self, _: &E) -> bool {
+        false
+    }
+}
+
+/// A step with its options: [`Step::new`], then [`unknown_if`](Step::unknown_if), then
+/// [`run`](Step::run). See [`step`], and the guide's chapter on steps.
+#[derive(Debug, Clone)]
+pub struct Step<'n, P = NeverUnknown> {
+    name: &'n str,
+    unknown_if: P,
+}
+
+impl<'n> Step<'n> {
+    /// The step `name` (1 to 64 bytes of ASCII letters, digits, `_`, `-` and `.`; unique
+    /// within the body).
+    pub fn new(name: &'n str) -> Self {
+        Step {
+            name,
+            unknown_if: NeverUnknown,
+        }
+    }
+
+    /// Marks the step's outcome unknown when it fails with an error for which `ambiguous`
+    /// answers true: a timeout or a connection lost after the request was sent, when the
+    /// other side may have acted. The step's error is returned to the body as usual; the
+    /// call then stores no result and gives nothing back, but holds the key: every later
+    /// call answers [`Error::OutcomeUnknown`] until the step is resolved.
+    pub fn unknown_if<E, P: FnOnce(&E) -> bool>(self, ambiguous: P) -> Step<'n, P> {
+        Step {
+            name: self.name,
+            unknown_if: ambiguous,
+        }
+    }
+}
+
+impl<P> Step<'_, P> {
+    /// Runs `f` as this step: the value of an earlier attempt's run when the store has its
+    /// record, else `f`'s, stored before it is returned. An `Err` stores nothing, so a
+    /// later attempt runs the step again (unless [`unknown_if`](Step::unknown_if) calls it
+    /// ambiguous). The value goes through the JSON codec, and the body gets it decoded, on
+    /// the first run as on the others.
+    pub async fn run<T, E, F, Fut>(self, f: F) -> Result<T, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        P: Ambiguous<E>,
+    {
+        run_step(self.name, self.unknown_if, f).await
+    }
+}
+
+async fn run_step<T, E, F, Fut, P>(name: &str, unknown_if: P, f: F) -> Result<T, E>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+    P: Ambiguous<E>,
+{
+    let journal = current(name)?;
+    let key = step_record_key(&journal.key, name).map_err(|reason| journal.error(name, reason))?;
+    journal.enter(name)?;
+    let clock = StoreClock::default();
+    let call = journal.steps(&key, &clock);
+    let (token, leased_at) = match claim_or_wait(&call).await {
+        Ok(Claimed::Completed { payload, .. }) => {
+            return replay(&journal, name, &key, &payload).map_err(E::from)
+        }
+        Ok(Claimed::Ours {
+            token, leased_at, ..
+        }) => (token, leased_at),
+        Err(e) => return Err(e.into()),
+    };
+    // Dropped or panicking before its record is written, the step gives its claim back,
+    // as the call does: a later attempt runs it again.
+    let mut guard = ReleaseGuard::new(
+        journal.store.clone(),
+        journal.step_timeout,
+        key.clone(),
+        token,
+    );
+    let beat = with_heartbeat(&call, token, leased_at, f()).await;
+    let Some(out) = beat.out else {
+        guard.disarm();
+        journal.unrecorded();
+        return Err(Error::LeaseLost { key }.into());
+    };
+    let lease_ends = beat.leased_at + call.lease;
+    let e = match out {
+        Ok(value) => {
+            guard.disarm();
+            return match seal_step(&key, &value) {
+                Ok((sealed, value)) => {
+                    match store_result(&call, token, &sealed, lease_ends).await {
+                        Ok(()) => {
+                            tracing::debug!(target: "idem", key = %key, "step completed");
+                            Ok(value)
+                        }
+                        Err(e) => {
+                            journal.unrecorded();
+                            Err(e.into())
+                        }
+                    }
+                }
+                Err(e) => {
+                    // The step ran, and its value cannot be kept.
+                    journal.unrecorded();
+                    Err(e.into())
+                }
+            };
+        }
+        Err(e) => e,
+    };
+    // Asking runs the user's predicate: a panic there keeps the step's claim, as an error
+    // that cannot be judged may be one whose effect happened.
+    if !guard.held_while(|| unknown_if.ambiguous(&e)) {
+        guard.release(&clock).await;
+        return Err(e);
+    }
+    guard.disarm();
+    tracing::warn!(target: "idem", key = %journal.key, step = name,
+        "the step's outcome is unknown: the key is held until it is resolved");
+    let hold = Bytes::from(envelope::seal_held(name));
+    if store_result(&call, token, &hold, lease_ends).await.is_err() {
+        journal.unrecorded();
+    }
+    journal.hold(name);
+    Err(e)
+}
+
+/// A step's value sealed (JSON, result version 0) and decoded back: the bytes to store and
+/// the value the body gets.
+fn seal_step<T: Serialize + DeserializeOwned>(key: &Key, value: &T) -> Result<(Bytes, T), Error> {
+    envelope::seal(&Json, Kind::Value, 0, value)
+        .and_then(|bytes| {
+            let back = envelope::open_value::<_, T>(&Json, 0, &bytes)?;
+            Ok((Bytes::from(bytes), back))
+        })
+        .map_err(|source| Error::Encode {
+            key: key.clone(),
+            source,
+        })
+}
+
+/// An earlier attempt's record of a step: its value, or its hold.
+fn replay<T: DeserializeOwned>(
+    journal: &Journal,
+    name: &str,
+    key: &Key,
+    payload: &[u8],
+) -> Result<T, Error> {
+    if envelope::held_step(payload).is_some() {
+        journal.hold(name);
+        return Err(Error::OutcomeUnknown {
+            key: journal.key.clone(),
+            step: name.to_owned(),
+        });
+    }
+    tracing::debug!(target: "idem", key = %key, "step replayed");
+    envelope::open_value(&Json, 0, payload).map_err(|source| Error::Decode {
+        key: key.clone(),
+        source,
+    })
+}
+
+/// How a step whose outcome was unknown is resolved: see [`Idem::resolve`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    /// The step took effect, with this value (what the step would have returned, as JSON):
+    /// later attempts get it as the step's value.
+    Ran(serde_json::Value),
+    /// The step did not take effect: the next attempt runs it.
+    NotRan,
+}
+
+impl Resolution {
+    /// [`Resolution::Ran`] with `value`, as JSON.
+    pub fn ran<T: Serialize + ?Sized>(value: &T) -> Result<Resolution, serde_json::Error> {
+        serde_json::to_value(value).map(Resolution::Ran)
+    }
+}
+
+/// A step whose outcome is unknown, as the reconcile hook sees it
+/// ([`IdemBuilder::reconcile`](crate::IdemBuilder::reconcile)).
+#[derive(Debug, Clone)]
+pub struct Unresolved {
+    key: Key,
+    step: String,
+}
+
+impl Unresolved {
+    /// The call's key.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The step's name.
+    pub fn step(&self) -> &str {
+        &self.step
+    }
+
+    /// The key the step handed on, if it used [`step_key`]: ask the system it called what
+    /// happened under it.
+    pub fn step_key(&self) -> String {
+        provider_key(&self.key, &self.step).unwrap_or_default()
+    }
+}
+
+/// The engine's reconcile hook, type-erased.
+pub(super) type Reconciler = Arc<
+    dyn Fn(Unresolved) -> Pin<Box<dyn Future<Output = Option<Resolution>> + Send>> + Send + Sync,
+>;
+
+/// What [`Idem::resolve`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Resolved {
+    /// The step was held and is resolved; the key is no longer held.
+    Resolved,
+    /// Neither the step nor the key was held: nothing was changed.
+    NotHeld,
+}
+
+impl Idem {
+    /// Resolves the step `step` of `key`, whose outcome was unknown: as [`Resolution::Ran`]
+    /// (with the value later attempts get) or [`Resolution::NotRan`] (the next attempt runs
+    /// it). The key is then no longer held, and its next call runs the body, which replays
+    /// the steps that completed and runs the rest.
+    ///
+    /// The step's record is written first and the key's hold deleted after, so a resolution
+    /// cut short is repeated safely. Resolve a step once: two resolutions racing each other
+    /// may each let an attempt start (each step still runs at most once, as its record is
+    /// claimed, but one of the attempts may end in [`Error::LeaseLost`]).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), idem::Error> {
+    /// use idem::{Error, Fingerprint, Idem, Key, MemoryStore, Resolution, Step};
+    /// let idem = Idem::new(MemoryStore::new());
+    /// let key = Key::new("shop::checkout", "o-1")?;
+    /// let checkout = |fail: bool| {
+    ///     idem.call(key.clone(), Fingerprint::NONE).run_fallible(move || async move {
+    ///         Step::new("charge")
+    ///             .unknown_if(|e: &Error| matches!(e, Error::WaitTimeout { .. }))
+    ///             .run(|| async move {
+    ///                 if fail {
+    ///                     return Err(Error::WaitTimeout { key: Key::new("gateway", "x")?, waited: Default::default() });
+    ///                 }
+    ///                 Ok("ch_new".to_string())
+    ///             })
+    ///             .await
+    ///     })
+    /// };
+    /// assert!(checkout(true).await.is_err());
+    /// assert!(matches!(checkout(false).await, Err(Error::OutcomeUnknown { .. })), "held");
+    /// idem.resolve(&key, "charge", Resolution::ran("ch_1").unwrap()).await?;
+    /// assert_eq!(checkout(false).await?, "ch_1", "the resolved value, not a second charge");
+    /// # Ok(()) }
+    /// ```
+    pub async fn resolve(
+        &self,
+        key: &Key,
+        step: &str,
+        resolution: Resolution,
+    ) -> Result<Resolved, Error> {
+        let record_key = step_record_key(key, step).map_err(|reason| Error::Step {
+            key: Some(key.clone()),
+            step: step.to_owned(),
+            reason,
+        })?;
+        let inner = &*self.inner;
+        let store = &*inner.store;
+        let clock = StoreClock::default();
+        let limit = inner.step_timeout;
+        let on = |k: &Key| {
+            let k = k.clone();
+            move |source| store_error(&k, source)
+        };
+        let step_held = match store_step(store, &clock, "get", limit, store.get(&record_key))
+            .await
+            .map_err(on(&record_key))?
+        {
+            Some(Record::Completed { payload, .. }) => envelope::held_step(&payload).is_some(),
+            _ => false,
+        };
+        let key_held = match store_step(store, &clock, "get", limit, store.get(key))
+            .await
+            .map_err(on(key))?
+        {
+            Some(Record::Completed { payload, .. }) => {
+                envelope::held_step(&payload).as_deref() == Some(step)
+            }
+            _ => false,
+        };
+        if !step_held && !key_held {
+            return Ok(Resolved::NotHeld);
+        }
+        if step_held {
+            store_step(store, &clock, "delete", limit, store.delete(&record_key))
+                .await
+                .map_err(on(&record_key))?;
+        }
+        if let Resolution::Ran(value) = &resolution {
+            let sealed =
+                envelope::seal(&Json, Kind::Value, 0, value).map_err(|source| Error::Encode {
+                    key: record_key.clone(),
+                    source,
+                })?;
+            let token = Token::random();
+            let lease = inner.lease;
+            let claim = store.claim(&record_key, &Fingerprint::NONE, token, lease);
+            let claimed = store_step(store, &clock, "claim", limit, claim)
+                .await
+                .map_err(on(&record_key))?;
+            if let Claim::Acquired { .. } = claimed {
+                let complete = store.complete(&record_key, token, Bytes::from(sealed), inner.ttl);
+                store_step(store, &clock, "complete", limit, complete)
+                    .await
+                    .map_err(on(&record_key))?;
+            }
+        }
+        if key_held {
+            store_step(store, &clock, "delete", limit, store.delete(key))
+                .await
+                .map_err(on(key))?;
+        }
+        if let Some(cache) = &inner.cache {
+            cache.remove(key);
+        }
+        tracing::info!(target: "idem", key = %key, step, ran = matches!(resolution, Resolution::Ran(_)),
+            "the step's unknown outcome is resolved");
+        Ok(Resolved::Resolved)
+    }
+
+    /// Asks the engine's reconcile hook about the step holding `key`, and resolves it when
+    /// the hook knows: `true` if the key is no longer held.
+    pub(super) async fn reconcile(&self, key: &Key, step: &str) -> Result<bool, Error> {
+        let Some(hook) = &self.inner.reconciler else {
+            return Ok(false);
+        };
+        let unresolved = Unresolved {
+            key: key.clone(),
+            step: step.to_owned(),
+        };
+        let started = Instant::now();
+        let Some(resolution) = hook(unresolved).await else {
+            tracing::debug!(target: "idem", key = %key, step, "the reconcile hook does not know the step's outcome");
+            return Ok(false);
+        };
+        tracing::debug!(target: "idem", key = %key, step, took = ?started.elapsed(), "reconciled");
+        self.resolve(key, step, resolution).await?;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_names_are_short_plain_and_unambiguous() {
+        for good in ["charge", "email.0", "reserve-stock", "A_1"] {
+            assert!(check_name(good).is_ok(), "{good}");
+        }
+        let long = "x".repeat(MAX_STEP_NAME_LEN + 1);
+        for bad in ["", "a/b", "a b", "é", "#step:x", long.as_str()] {
+            assert!(check_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_step_record_key_is_the_scope_the_name_and_the_call_id() {
+        let parent = Key::new("shop::checkout", "o/1").unwrap();
+        let key = step_record_key(&parent, "charge").unwrap();
+        assert_eq!(key.as_str(), "shop::checkout#step:charge/o/1");
+        let long = Key::new("s".repeat(250), "o").unwrap();
+        let err = step_record_key(&long, "charge").unwrap_err();
+        assert!(err.contains("at most 250 bytes together"), "{err}");
+    }
+}
