@@ -94,6 +94,24 @@ impl Key {
         &self.full[self.scope_len + 1..]
     }
 
+    /// The key of the record of step `name` of the call keyed `self`
+    /// ([`step`](crate::step)): the scope `<scope>#step:<name>` and the same id. A name
+    /// that is not valid (1 to 64 bytes of ASCII letters, digits, `_`, `-` and `.`), or a
+    /// scope too long to take it, is an [`Error::Step`].
+    ///
+    /// ```
+    /// let key = idem::Key::new("shop::checkout", "o-1").unwrap();
+    /// assert_eq!(key.step("charge").unwrap().as_str(), "shop::checkout#step:charge/o-1");
+    /// assert!(key.step("no spaces").is_err());
+    /// ```
+    pub fn step(&self, name: &str) -> Result<Key, Error> {
+        crate::engine::step_record_key(self, name).map_err(|reason| Error::Step {
+            key: Some(self.clone()),
+            step: name.to_owned(),
+            reason,
+        })
+    }
+
     /// `scope/id`: the string a store keeps the record under.
     pub fn as_str(&self) -> &str {
         &self.full
