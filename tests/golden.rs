@@ -445,3 +445,96 @@ fn key_ids_by_key_type_are_the_golden_ones() {
     assert_eq!(rows[14].1, idem_core::digest_hex(&Pair { a: 1, b: "x" }));
     assert_eq!(rows[10].1, rows[14].1, "Some(v) is keyed as v");
 }
+
+/// The stored format of steps (`idem::step`): the key of a step's record, the key a step
+/// hands on (`idem::step_key`), a step's value record (the JSON codec at result version 0:
+/// the bytes of `record-json.hex`), and the hold a step whose outcome is unknown leaves on
+/// its record and on the call's key (`step-held.hex`).
+#[tokio::test]
+async fn step_records_are_the_golden_ones_and_golden_ones_are_read() {
+    let lines = golden("steps.txt");
+    let expected: Vec<&str> = lines.lines().filter(|l| !l.starts_with('#')).collect();
+    let parent = Key::new("golden::checkout", "o-1").unwrap();
+    let record_key = parent.step("charge").unwrap();
+    let idem = Idem::new(MemoryStore::new());
+    let handed_on = idem
+        .call(parent.clone(), Fingerprint::NONE)
+        .run_fallible(|| async { idem::step_key("charge") })
+        .await
+        .unwrap();
+    let produced = [record_key.as_str().to_owned(), handed_on];
+    assert_eq!(
+        expected,
+        produced.iter().map(String::as_str).collect::<Vec<_>>(),
+        "the step keys changed: stored step records and provider keys would be lost"
+    );
+
+    // Written: a step's value, left by an attempt that failed after it...
+    let store = MemoryStore::new();
+    let idem = Idem::new(store.clone());
+    let failed: Result<(), idem::Error> = idem
+        .call(parent.clone(), Fingerprint::NONE)
+        .run_fallible(|| async {
+            idem::step("charge", || async { Ok::<_, idem::Error>(receipt()) }).await?;
+            Err(idem::Error::Config {
+                message: "stock service down".into(),
+                source: None,
+            })
+        })
+        .await;
+    assert!(failed.is_err());
+    let value = stored_bytes(&store, &record_key).await;
+    assert_eq!(hex(&value), golden("record-json.hex").trim(), "a step's value record");
+    // ...and the hold of a step whose outcome is unknown, on the step and on the call.
+    let held = Key::new("golden::checkout", "o-2").unwrap();
+    let answer: Result<(), idem::Error> = idem
+        .call(held.clone(), Fingerprint::NONE)
+        .run_fallible(|| async {
+            idem::Step::new("charge")
+                .unknown_if(|_: &idem::Error| true)
+                .run(|| async {
+                    Err::<(), _>(idem::Error::Config {
+                        message: "gateway timed out".into(),
+                        source: None,
+                    })
+                })
+                .await
+        })
+        .await;
+    assert!(matches!(answer, Err(idem::Error::OutcomeUnknown { .. })), "{answer:?}");
+    let golden_hold = golden("step-held.hex");
+    for k in [held.clone(), held.step("charge").unwrap()] {
+        let bytes = stored_bytes(&store, &k).await;
+        assert_eq!(hex(&bytes), golden_hold.trim(), "the hold under {k}");
+    }
+
+    // Read: golden bytes planted as an older build left them.
+    let store = MemoryStore::new();
+    let idem = Idem::new(store.clone());
+    let resumed = Key::new("golden::checkout", "o-3").unwrap();
+    plant(&store, &resumed.step("charge").unwrap(), unhex(&golden("record-json.hex"))).await;
+    let got: Receipt = idem
+        .call(resumed.clone(), Fingerprint::NONE)
+        .run_fallible(|| async {
+            idem::step("charge", || async {
+                Err::<Receipt, _>(idem::Error::Config {
+                    message: "charged again: the golden step record was not read".into(),
+                    source: None,
+                })
+            })
+            .await
+        })
+        .await
+        .unwrap();
+    assert_eq!(got, receipt());
+    let on_hold = Key::new("golden::checkout", "o-4").unwrap();
+    plant(&store, &on_hold, unhex(&golden_hold)).await;
+    let answer = idem
+        .call(on_hold.clone(), Fingerprint::NONE)
+        .run(|| async { panic!("a held key ran its body") as u8 })
+        .await;
+    match answer {
+        Err(idem::Error::OutcomeUnknown { step, .. }) => assert_eq!(step, "charge"),
+        other => panic!("expected the golden hold to hold the key, got {other:?}"),
+    }
+}
