@@ -484,7 +484,11 @@ async fn step_records_are_the_golden_ones_and_golden_ones_are_read() {
         .await;
     assert!(failed.is_err());
     let value = stored_bytes(&store, &record_key).await;
-    assert_eq!(hex(&value), golden("record-json.hex").trim(), "a step's value record");
+    assert_eq!(
+        hex(&value),
+        golden("record-json.hex").trim(),
+        "a step's value record"
+    );
     // ...and the hold of a step whose outcome is unknown, on the step and on the call.
     let held = Key::new("golden::checkout", "o-2").unwrap();
     let answer: Result<(), idem::Error> = idem
@@ -501,7 +505,10 @@ async fn step_records_are_the_golden_ones_and_golden_ones_are_read() {
                 .await
         })
         .await;
-    assert!(matches!(answer, Err(idem::Error::OutcomeUnknown { .. })), "{answer:?}");
+    assert!(
+        matches!(answer, Err(idem::Error::OutcomeUnknown { .. })),
+        "{answer:?}"
+    );
     let golden_hold = golden("step-held.hex");
     for k in [held.clone(), held.step("charge").unwrap()] {
         let bytes = stored_bytes(&store, &k).await;
@@ -512,7 +519,12 @@ async fn step_records_are_the_golden_ones_and_golden_ones_are_read() {
     let store = MemoryStore::new();
     let idem = Idem::new(store.clone());
     let resumed = Key::new("golden::checkout", "o-3").unwrap();
-    plant(&store, &resumed.step("charge").unwrap(), unhex(&golden("record-json.hex"))).await;
+    plant(
+        &store,
+        &resumed.step("charge").unwrap(),
+        unhex(&golden("record-json.hex")),
+    )
+    .await;
     let got: Receipt = idem
         .call(resumed.clone(), Fingerprint::NONE)
         .run_fallible(|| async {
