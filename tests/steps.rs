@@ -379,3 +379,35 @@ async fn a_step_whose_value_cannot_be_stored_keeps_the_claim_instead_of_giving_i
         "a retry could run the step again at once: {retry:?}"
     );
 }
+
+#[idempotent(key = request_id, store = idem, skip(idem, runs), missing_key = "run")]
+async fn unkeyed(idem: &Idem, runs: &AtomicU32, request_id: Option<String>) -> Result<u32, Error> {
+    let v = idem::step("charge", || async {
+        Ok::<_, Error>(runs.fetch_add(1, SeqCst) + 1)
+    })
+    .await?;
+    assert_eq!(
+        idem::step_key("charge").is_ok(),
+        request_id.is_some(),
+        "a step has a key to hand on exactly when the call has one"
+    );
+    Ok(v)
+}
+
+#[tokio::test]
+async fn in_a_body_run_without_a_key_steps_are_plain_code() {
+    let idem = Idem::new(MemoryStore::new());
+    let runs = AtomicU32::new(0);
+    assert_eq!(unkeyed(&idem, &runs, None).await.unwrap(), 1);
+    assert_eq!(
+        unkeyed(&idem, &runs, None).await.unwrap(),
+        2,
+        "without a key, each call runs its steps"
+    );
+    assert_eq!(unkeyed(&idem, &runs, Some("r-1".into())).await.unwrap(), 3);
+    assert_eq!(
+        unkeyed(&idem, &runs, Some("r-1".into())).await.unwrap(),
+        3,
+        "with a key, replayed"
+    );
+}

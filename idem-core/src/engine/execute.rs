@@ -13,7 +13,7 @@ use super::claim::{claim_or_wait, Claimed};
 use super::complete::{check_round_trip, decode, store_result, ErrorPolicy, ValueOps};
 use super::context::with_fence;
 use super::heartbeat::with_heartbeat;
-use super::journal::{Ending, Journal};
+use super::journal::{self, Ending, Journal};
 use super::observe::{count_call, outcome_label, InFlight, StoreClock};
 use super::release::ReleaseGuard;
 use super::step::Steps;
@@ -185,7 +185,7 @@ impl<C: Codec> Call<'_, C> {
             Err(Error::MissingKey { scope }) if self.missing_key == MissingKey::Run => {
                 tracing::warn!(target: "idem", scope = %scope,
                     "no idempotency key for this call: running it without idempotency");
-                return Ok(Happened::Unkeyed(body().await));
+                return Ok(Happened::Unkeyed(journal::unkeyed(body()).await));
             }
             Err(e) => return Err(e),
         };

@@ -45,8 +45,9 @@ pub const MAX_STEP_NAME_LEN: usize = 64;
 const STEP_SCOPE: &str = "#step:";
 
 tokio::task_local! {
-    /// The journal of the call whose body this task is running.
-    static JOURNAL: Arc<Journal>;
+    /// The journal of the call whose body this task is running; `None` in a body run
+    /// without a key (`missing_key = "run"`), whose steps simply run.
+    static JOURNAL: Option<Arc<Journal>>;
 }
 
 /// What the steps of one attempt share: the call's store and key, its lease and ttl, and
@@ -97,7 +98,7 @@ impl Journal {
 
     /// Runs `body` with this journal as what its steps see.
     pub(super) fn scope<F: Future>(self: &Arc<Self>, body: F) -> impl Future<Output = F::Output> {
-        JOURNAL.scope(self.clone(), body)
+        JOURNAL.scope(Some(self.clone()), body)
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -232,9 +233,17 @@ pub(crate) fn provider_key(parent: &Key, name: &str) -> Result<String, String> {
     Ok(crate::digest_hex(key.as_str()))
 }
 
-/// The journal of the call whose body is running, or the error for a step outside one.
-fn current(name: &str) -> Result<Arc<Journal>, Error> {
-    JOURNAL.try_with(Arc::clone).map_err(|_| Error::Step {
+/// Runs `body`, a call's body run without a key and so without idempotency
+/// ([`MissingKey::Run`](super::MissingKey::Run)): its steps run as plain code, nothing
+/// recorded.
+pub(super) fn unkeyed<F: Future>(body: F) -> impl Future<Output = F::Output> {
+    JOURNAL.scope(None, body)
+}
+
+/// The journal of the call whose body is running (`None` for a body run without a key),
+/// or the error for a step outside any.
+fn current(name: &str) -> Result<Option<Arc<Journal>>, Error> {
+    JOURNAL.try_with(Clone::clone).map_err(|_| Error::Step {
         key: None,
         step: name.to_owned(),
         reason: "a step runs only in the body of an idempotent call, in the body's own task (a task the body spawns does not see the call)".into(),
@@ -262,7 +271,13 @@ fn current(name: &str) -> Result<Arc<Journal>, Error> {
 /// # Ok(()) }
 /// ```
 pub fn step_key(name: &str) -> Result<String, Error> {
-    let journal = current(name)?;
+    let Some(journal) = current(name)? else {
+        return Err(Error::Step {
+            key: None,
+            step: name.to_owned(),
+            reason: "this body runs without an idempotency key (`missing_key = \"run\"`), so its steps have no key to hand on".into(),
+        });
+    };
     provider_key(&journal.key, name).map_err(|reason| journal.error(name, reason))
 }
 
@@ -361,6 +376,11 @@ impl<'n> Step<'n> {
     /// other side may have acted. The step's error is returned to the body as usual; the
     /// call then stores no result and gives nothing back, but holds the key: every later
     /// call answers [`Error::OutcomeUnknown`] until the step is resolved.
+    ///
+    /// A hold lasts as long as a result would (the call's `ttl`): a key still unresolved
+    /// then is forgotten like an expired result, and its next call runs the body, this
+    /// step included, again. Resolve held keys well within the ttl (the reconcile hook
+    /// does it on the next call; `idem resolve` by hand).
     pub fn unknown_if<E, P: FnOnce(&E) -> bool>(self, ambiguous: P) -> Step<'n, P> {
         Step {
             name: self.name,
@@ -395,7 +415,15 @@ where
     E: From<Error>,
     P: Ambiguous<E>,
 {
-    let journal = current(name)?;
+    let Some(journal) = current(name)? else {
+        // A body run without a key: no idempotency, so the step is plain code.
+        check_name(name).map_err(|reason| Error::Step {
+            key: None,
+            step: name.to_owned(),
+            reason,
+        })?;
+        return f().await;
+    };
     let key = step_record_key(&journal.key, name).map_err(|reason| journal.error(name, reason))?;
     journal.enter(name)?;
     let clock = StoreClock::default();
