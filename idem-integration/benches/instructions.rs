@@ -20,7 +20,7 @@ use idem::{Idem, MemoryStore};
 mod memory_pair;
 mod support;
 
-use memory_pair::{charge, charge_by_hand, charge_unchecked};
+use memory_pair::{charge, charge_by_hand, charge_by_hand_checked, charge_unchecked};
 use support::request;
 
 /// Each case: (group, side). The idem side of a group is compared with its `baseline`.
@@ -28,6 +28,8 @@ const CASES: &[(&str, &str)] = &[
     ("memory_replay", "baseline"),
     ("memory_replay", "idem"),
     ("memory_replay", "idem_fingerprint_none"),
+    ("memory_replay_checked", "baseline"),
+    ("memory_replay_checked", "idem"),
     ("memory_first_call", "baseline"),
     ("memory_first_call", "idem"),
 ];
@@ -121,6 +123,9 @@ fn run_case(case: &str, calls: u64) {
         charge(req.clone()).await.expect("the first call");
         charge_unchecked(req.clone()).await.expect("the first call");
         charge_by_hand(req.clone()).await;
+        charge_by_hand_checked(req.clone())
+            .await
+            .expect("the first call");
         for _ in 0..calls {
             let out = match case {
                 "memory_replay/baseline" => charge_by_hand(req.clone()).await,
@@ -128,6 +133,10 @@ fn run_case(case: &str, calls: u64) {
                 "memory_replay/idem_fingerprint_none" => {
                     charge_unchecked(req.clone()).await.expect("a replay")
                 }
+                "memory_replay_checked/baseline" => {
+                    charge_by_hand_checked(req.clone()).await.expect("a replay")
+                }
+                "memory_replay_checked/idem" => charge(req.clone()).await.expect("a replay"),
                 "memory_first_call/baseline" => charge_by_hand(fresh()).await,
                 "memory_first_call/idem" => charge(fresh()).await.expect("a first call"),
                 other => panic!("unknown case {other}"),

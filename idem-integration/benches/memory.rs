@@ -37,7 +37,7 @@ use idem::{idempotent, Fingerprint, Idem, MemoryStore};
 mod memory_pair;
 mod support;
 
-use memory_pair::{charge, charge_by_hand, charge_unchecked};
+use memory_pair::{charge, charge_by_hand, charge_by_hand_checked, charge_unchecked};
 use support::{receipt_for, request, ChargeRequest, Receipt};
 
 // ---------------------------------------------------------------------------------------
@@ -92,6 +92,9 @@ fn memory_replay(c: &mut Criterion) {
         charge(req.clone()).await.expect("the first call");
         charge_unchecked(req.clone()).await.expect("the first call");
         charge_by_hand(req.clone()).await;
+        charge_by_hand_checked(req.clone())
+            .await
+            .expect("the first call");
     });
     let mut g = c.benchmark_group("memory_replay");
     g.bench_function("baseline", |b| {
@@ -104,6 +107,18 @@ fn memory_replay(c: &mut Criterion) {
     g.bench_function("idem_fingerprint_none", |b| {
         b.to_async(&rt)
             .iter(|| async { charge_unchecked(req.clone()).await.expect("a replay") })
+    });
+    g.finish();
+    // The fair pair for a replay with its payload check: the hand-written check that also
+    // compares the request's JSON.
+    let mut g = c.benchmark_group("memory_replay_checked");
+    g.bench_function("baseline", |b| {
+        b.to_async(&rt)
+            .iter(|| async { charge_by_hand_checked(req.clone()).await.expect("a replay") })
+    });
+    g.bench_function("idem", |b| {
+        b.to_async(&rt)
+            .iter(|| async { charge(req.clone()).await.expect("a replay") })
     });
     g.finish();
 }

@@ -36,3 +36,25 @@ pub async fn charge_by_hand(req: ChargeRequest) -> Receipt {
     BY_HAND.insert(req.order_id, bytes);
     receipt
 }
+
+static BY_HAND_CHECKED: LazyLock<DashMap<String, (Vec<u8>, Vec<u8>)>> = LazyLock::new(DashMap::new);
+
+/// The hand-written check that also compares the request, as idem's default fingerprint
+/// does: the stored entry keeps the request's JSON beside the receipt's, and a replay
+/// encodes the request it got and compares the two before it decodes the receipt. A request
+/// that differs under the same order id is refused (`Err`), not answered with another
+/// request's receipt. Still no claim: the fair baseline for a replay with a payload check.
+pub async fn charge_by_hand_checked(req: ChargeRequest) -> Result<Receipt, &'static str> {
+    let request = serde_json::to_vec(&req).expect("a request encodes");
+    if let Some(entry) = BY_HAND_CHECKED.get(&req.order_id) {
+        let (stored_request, receipt) = &*entry;
+        if *stored_request != request {
+            return Err("this order id was first used with another request");
+        }
+        return Ok(serde_json::from_slice(receipt).expect("a stored receipt"));
+    }
+    let receipt = receipt_for(&req);
+    let bytes = serde_json::to_vec(&receipt).expect("a receipt encodes");
+    BY_HAND_CHECKED.insert(req.order_id, (request, bytes));
+    Ok(receipt)
+}

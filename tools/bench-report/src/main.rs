@@ -55,15 +55,19 @@ use Kind::{Cost, Throughput};
 /// The comparisons and targets BENCHMARKS.md reports, in table order.
 #[rustfmt::skip]
 const COMPARISONS: &[Comparison] = &[
-    cmp("memory_replay", "baseline", "idem", "memory replay via the macro vs hand-written DashMap + same codec", "memory replay", 1.3, Cost),
-    cmp("local_cache_replay", "cached", "idem", "memory replay via the macro with the local cache vs `#[cached]` hit", "local-cache replay", 1.5, Cost),
-    cmp("memory_first_call", "baseline", "idem", "memory first call via the macro vs hand-written insert + encode", "memory first call", 1.8, Cost),
-    cmp("redis_replay_1", "baseline", "idem", "Redis replay vs raw GET + decode, 1 caller", "Redis replay, 1 caller", 0.85, Throughput),
-    cmp("redis_replay_32", "baseline", "idem", "Redis replay vs raw GET + decode, 32 callers", "Redis replay, 32 callers", 0.85, Throughput),
+    cmp("memory_replay_checked", "baseline", "idem", "memory replay via the macro vs a hand-written check that also compares the request's JSON", "memory replay, payload checked", 1.5, Cost),
+    cmp("memory_replay", "baseline", "idem_fingerprint_none", "memory replay with `fingerprint = none` vs hand-written DashMap + same codec", "memory replay, fingerprint = none", 1.5, Cost),
+    cmp("memory_first_call", "baseline", "idem", "memory first call via the macro vs hand-written insert + encode", "memory first call", 2.0, Cost),
+    cmp("local_cache_replay", "cached", "idem", "memory replay via the macro with the local cache (`clone_cached`) vs `#[cached]` hit", "local-cache replay", 1.5, Cost),
+    cmp("redis_replay_1", "baseline", "idem", "Redis replay vs raw GET + decode, 1 caller", "Redis replay, 1 caller", 0.9, Throughput),
+    cmp("redis_replay_32", "baseline", "idem", "Redis replay vs raw GET + decode, 32 callers", "Redis replay, 32 callers", 0.9, Throughput),
     cmp("redis_first_call", "baseline", "idem", "Redis first call vs raw SET", "Redis first call", 0.45, Throughput),
-    cmp("postgres_replay_1", "baseline", "idem", "Postgres replay vs raw SELECT + decode, 1 caller", "Postgres replay, 1 caller", 0.75, Throughput),
-    cmp("postgres_replay_16", "baseline", "idem", "Postgres replay vs raw SELECT + decode, 16 callers", "Postgres replay, 16 callers", 0.75, Throughput),
-    cmp("postgres_first_call", "baseline", "idem", "Postgres first call vs raw INSERT", "Postgres first call", 0.4, Throughput),
+    cmp("postgres_replay_1", "baseline", "idem", "Postgres replay vs raw SELECT + decode, 1 caller", "Postgres replay, 1 caller", 0.85, Throughput),
+    cmp("postgres_replay_16", "baseline", "idem", "Postgres replay vs raw SELECT + decode, 16 callers", "Postgres replay, 16 callers", 0.85, Throughput),
+    cmp("postgres_first_call", "baseline", "idem", "Postgres first call vs raw INSERT", "Postgres first call", 0.5, Throughput),
+    cmp("mysql_replay_1", "baseline", "idem", "MySQL replay vs raw SELECT + decode, 1 caller", "MySQL replay, 1 caller", 0.85, Throughput),
+    cmp("mysql_replay_16", "baseline", "idem", "MySQL replay vs raw SELECT + decode, 16 callers", "MySQL replay, 16 callers", 0.85, Throughput),
+    cmp("mysql_first_call", "baseline", "idem", "MySQL first call vs raw INSERT", "MySQL first call", 0.5, Throughput),
     cmp("memory_scaling", "threads_1", "threads_2", "memory store calls/s, 2 threads vs 1", "memory calls/s, 2 threads vs 1", 1.7, Throughput),
 ];
 /// Ceiling on the memory store's bytes per record.
