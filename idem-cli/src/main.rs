@@ -436,31 +436,36 @@ async fn run(command: Command) -> Result<(String, u8), Failure> {
                 .ttl(Duration::from_secs(ttl))
                 .build()?;
             let ran_text = if ran { "ran" } else { "not ran" };
-            let (text, code) = match idem.resolve(&key, &step, resolution).await? {
+            let resolved = if ran { "ran" } else { "not_ran" };
+            // As `delete` does: what happened on stdout (JSON with `--json`), and the exit
+            // code says whether it was done.
+            let (out, text, code) = match idem.resolve(&key, &step, resolution).await? {
                 Resolved::Resolved => (
+                    json!({ "key": key.as_str(), "step": step, "resolved": resolved }),
                     format!("step `{step}` of `{key}` is resolved as {ran_text}; the key is no longer held, and its next call runs the steps not done"),
                     0,
                 ),
-                _ if call.is_none() && step_record.is_none() => {
-                    return Err(Failure(
-                        NOT_FOUND,
-                        format!("no record under `{key}` nor its step `{step}`: nothing to resolve"),
-                    ))
-                }
+                _ if call.is_none() && step_record.is_none() => (
+                    json!({ "key": key.as_str(), "step": step, "resolved": null }),
+                    format!("no record under `{key}` nor its step `{step}`: nothing to resolve"),
+                    NOT_FOUND,
+                ),
                 _ => {
                     let held_by = call
                         .as_ref()
                         .and_then(|info| info.payload.as_deref())
                         .and_then(envelope::held_step);
-                    let why = match held_by {
+                    let why = match &held_by {
                         Some(other) => format!("the key is held by step `{other}`, not `{step}`"),
                         None => format!("neither the key nor step `{step}` is held"),
                     };
-                    return Err(Failure(NOT_POSSIBLE, format!("`{key}`: {why}; nothing changed (`idem steps` shows them)")));
+                    (
+                        json!({ "key": key.as_str(), "step": step, "resolved": null, "held_by": held_by }),
+                        format!("`{key}`: {why}; nothing changed (`idem steps` shows them)"),
+                        NOT_POSSIBLE,
+                    )
                 }
             };
-            let resolved = if ran { "ran" } else { "not_ran" };
-            let out = json!({ "key": key.as_str(), "step": step, "resolved": resolved });
             Ok((if target.json { out.to_string() } else { text }, code))
         }
         Command::PurgeExpired { target, dry_run } => {

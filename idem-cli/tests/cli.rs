@@ -486,7 +486,7 @@ async fn steps_flow(url: &str, store: impl Store, flags: &[&str]) {
     assert!(text.contains("steps.charge.value: ch_1"), "{text}");
     assert!(text.contains("steps.email.state: none"), "{text}");
     // Nothing held there: resolving is refused, and changes nothing.
-    let (code, _, err) = cmd(&[
+    let (code, text, err) = cmd(&[
         "resolve",
         url,
         "shop::checkout/order-42",
@@ -495,8 +495,8 @@ async fn steps_flow(url: &str, store: impl Store, flags: &[&str]) {
     ]);
     assert_eq!(code, 3, "{err}");
     assert!(
-        err.contains("neither the key nor step `charge` is held"),
-        "{err}"
+        text.contains("neither the key nor step `charge` is held"),
+        "{text}"
     );
     assert_eq!(checkout("order-42", false, false).await.unwrap(), "ch_1");
     assert_eq!(charges.load(SeqCst), 1, "the retry did not charge again");
@@ -520,11 +520,26 @@ async fn steps_flow(url: &str, store: impl Store, flags: &[&str]) {
     assert!(text.contains("held_by_step: charge"), "{text}");
 
     // Resolving another step, or a key with no record, is refused; a bad value is usage.
-    let (code, _, err) = cmd(&["resolve", url, "shop::checkout/order-43", "email", "--ran"]);
+    let (code, text, err) = cmd(&["resolve", url, "shop::checkout/order-43", "email", "--ran"]);
     assert_eq!(code, 3, "{err}");
-    assert!(err.contains("held by step `charge`, not `email`"), "{err}");
-    let (code, _, err) = cmd(&["resolve", url, "shop::checkout/order-99", "charge", "--ran"]);
+    assert!(
+        text.contains("held by step `charge`, not `email`"),
+        "{text}"
+    );
+    let refused = cmd(&[
+        "resolve",
+        url,
+        "shop::checkout/order-43",
+        "email",
+        "--ran",
+        "--json",
+    ]);
+    let refused: Value = serde_json::from_str(&refused.1).unwrap();
+    assert_eq!(refused["resolved"], Value::Null);
+    assert_eq!(refused["held_by"], "charge");
+    let (code, text, err) = cmd(&["resolve", url, "shop::checkout/order-99", "charge", "--ran"]);
     assert_eq!(code, 4, "{err}");
+    assert!(text.contains("nothing to resolve"), "{text}");
     let (code, _, err) = cmd(&["steps", url, "shop::checkout/order-99", "charge"]);
     assert_eq!(code, 4, "{err}");
     let bad = [
