@@ -67,8 +67,8 @@
 //! ## The guide
 //!
 //! [`guide`] walks through the rest, one chapter at a time: a first function, what a call
-//! does (in pictures), the full promise, keys, the engine API, failures, stores,
-//! durability, HTTP, consumers, and operating idem.
+//! does (in pictures), the full promise, keys, the engine API, steps (operations with
+//! several side effects), failures, stores, durability, HTTP, consumers, and operating idem.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -682,6 +682,73 @@ pub mod http {
 ///
 /// A function that returns a plain `T` calls `.run(...)` instead and returns
 /// `Result<T, idem::Error>`; `cache_errors` calls `.run_caching_errors(predicate, ...)`.
+///
+/// ## A body with steps
+///
+/// The attribute does not rewrite the [`step`]s in a body: the body, steps and all, becomes
+/// the closure the call runs, and each step finds its call at run time (the call's key,
+/// lease and ttl, in a task-local of the body's task). So this function:
+///
+/// ```
+/// # #[derive(Debug)] pub struct ShopError;
+/// # impl From<idem::Error> for ShopError { fn from(_: idem::Error) -> Self { ShopError } }
+/// # async fn charge_card(_: &str, _: &str) -> Result<String, ShopError> { Ok("ch_1".into()) }
+/// # async fn send_receipt(_: &str) -> Result<(), ShopError> { Ok(()) }
+/// #[idem::idempotent(key = order_id, store = idem)]
+/// async fn checkout(idem: &idem::Idem, order_id: String) -> Result<String, ShopError> {
+///     let charge = idem::step("charge", || async {
+///         charge_card(&order_id, &idem::step_key("charge")?).await
+///     })
+///     .await?;
+///     idem::step("email", || send_receipt(&charge)).await?;
+///     Ok(charge)
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # let idem = idem::Idem::new(idem::MemoryStore::new());
+/// # assert_eq!(checkout(&idem, "o-1".into()).await.unwrap(), "ch_1");
+/// # }
+/// ```
+///
+/// is, by hand (`store = idem` names an argument, which is then left out of the
+/// fingerprint as `self` is):
+///
+/// ```
+/// # #[derive(Debug)] pub struct ShopError;
+/// # impl From<idem::Error> for ShopError { fn from(_: idem::Error) -> Self { ShopError } }
+/// # async fn charge_card(_: &str, _: &str) -> Result<String, ShopError> { Ok("ch_1".into()) }
+/// # async fn send_receipt(_: &str) -> Result<(), ShopError> { Ok(()) }
+/// use idem::{Fingerprint, Key};
+///
+/// async fn checkout(idem: &idem::Idem, order_id: String) -> Result<String, ShopError> {
+///     let key = Key::new(concat!(module_path!(), "::", "checkout"), &order_id)?;
+///     let fingerprint = Fingerprint::of(&(&order_id,));
+///     idem.call(key, fingerprint)
+///         .run_fallible(move || async move {
+///             // The body as written. Each step claims its own record under the call's
+///             // key (`<scope>#step:charge/<order_id>`); on a later attempt of the key
+///             // (after an `Err`, a panic or a takeover) a completed step answers its
+///             // recorded value instead of running again.
+///             let charge = idem::step("charge", || async {
+///                 charge_card(&order_id, &idem::step_key("charge")?).await
+///             })
+///             .await?;
+///             idem::step("email", || send_receipt(&charge)).await?;
+///             Ok(charge)
+///         })
+///         .await
+/// }
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// # let idem = idem::Idem::new(idem::MemoryStore::new());
+/// # assert_eq!(checkout(&idem, "o-1".into()).await.unwrap(), "ch_1");
+/// # }
+/// ```
+///
+/// An `#[idempotent]` function called in that body is a call of its own, with its own key
+/// and its own steps; wrap it in a step to make it one of the parent's, and give it
+/// [`step_key`] as its key to derive its key from the parent's. The guide's chapter on
+/// steps says more.
 ///
 /// # Compile errors
 ///

@@ -1,9 +1,11 @@
 //! `idem`: what an operator runs when a key is stuck. Shows a record, deletes it, purges
 //! ended records, counts records by state, and migrates a store's table, on any store URL
-//! that `idem::connect` opens; acknowledges that a Redis lost its records.
+//! that `idem::connect` opens; acknowledges that a Redis lost its records; shows the steps
+//! of a call and resolves a step whose outcome is unknown.
 //!
 //! Exit codes: 0 done; 1 the store failed or could not be reached; 2 bad usage (a bad URL,
-//! key or flag); 3 this store cannot do that; 4 no record under the key.
+//! key, step name or flag); 3 this store cannot do that, or refused (a live claim, a step
+//! that is not held); 4 no record under the key.
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
@@ -12,7 +14,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use idem_core::envelope;
-use idem_core::{Error, Key, StoreError};
+use idem_core::{Error, Idem, Key, Resolution, Resolved, StoreError};
 use idem_stores::admin::{self, Admin, AdminError, DeleteOptions, Deletion, RecordInfo};
 use serde_json::{json, Value};
 
@@ -26,9 +28,13 @@ Examples:
   idem purge-expired --dry-run sqlite:///var/lib/app/idem.db
   idem migrate --table idem.records postgres://admin@db/payments
   idem acknowledge-lost-records --prefix billing:idem: redis://cache:6379
+  idem steps postgres://app@db/payments shop::checkout/order-42 charge reserve email
+  idem resolve postgres://app@db/payments shop::checkout/order-42 charge --ran --value '\"ch_1\"'
+  idem resolve postgres://app@db/payments shop::checkout/order-42 charge --not-ran
 
 Exit codes: 0 done, 1 store failure, 2 bad usage, 3 not possible on this store or refused
-(a live claim without --force), 4 no record.";
+(a live claim without --force, a step to resolve that is not held), 4 no record (nothing
+under the key or any step named).";
 
 /// Exit code: the store failed or could not be reached.
 const FAILED: u8 = 1;
@@ -70,6 +76,45 @@ enum Command {
         /// Delete nothing; show what would be deleted.
         #[arg(long)]
         dry_run: bool,
+    },
+    /// Show the records of a call's steps (`idem::step`): each named step completed (with
+    /// its value), held (its outcome unknown), running or none, and whether the key itself
+    /// is held, and by which step.
+    Steps {
+        #[command(flatten)]
+        target: Target,
+        /// The call's key, `scope/id`.
+        key: String,
+        /// The step names, as the body names them (`charge`, `email.0`).
+        #[arg(required = true)]
+        steps: Vec<String>,
+    },
+    /// Resolve a step whose outcome is unknown, which holds its call's key: `--ran` (it
+    /// took effect; later attempts get `--value` as the step's value) or `--not-ran` (the
+    /// next attempt runs it). The key's next call then runs its body, which replays the
+    /// completed steps and runs the rest. A step that is not held is refused (exit 3).
+    Resolve {
+        #[command(flatten)]
+        target: Target,
+        /// The call's key, `scope/id`.
+        key: String,
+        /// The step whose outcome is unknown.
+        step: String,
+        /// The step took effect.
+        #[arg(long, conflicts_with = "not_ran", required_unless_present = "not_ran")]
+        ran: bool,
+        /// The step did not take effect: the next attempt runs it.
+        #[arg(long)]
+        not_ran: bool,
+        /// With `--ran`: the step's value as JSON, what the step would have returned
+        /// (`'"ch_1"'`, `'{"id":"ch_1"}'`). `null`, the default, is what a step returning
+        /// `()` stores.
+        #[arg(long, conflicts_with = "not_ran")]
+        value: Option<String>,
+        /// With `--ran`: how long the step's record lives, in seconds (default 86400, the
+        /// engine's default ttl; give the service's ttl when it is not the default).
+        #[arg(long, conflicts_with = "not_ran")]
+        ttl: Option<u64>,
     },
     /// Delete ended records (expired results, leases that ended) from a SQL store.
     PurgeExpired {
@@ -121,7 +166,7 @@ struct Failure(u8, String);
 impl From<Error> for Failure {
     fn from(e: Error) -> Self {
         let code = match e {
-            Error::Config { .. } | Error::InvalidKey { .. } => USAGE,
+            Error::Config { .. } | Error::InvalidKey { .. } | Error::Step { .. } => USAGE,
             _ => FAILED,
         };
         Failure(code, chain(&e))
@@ -203,11 +248,18 @@ fn describe_payload(bytes: &[u8]) -> Value {
     } else {
         Value::Null
     };
+    let kind = if header.held {
+        "held"
+    } else if header.cached_error {
+        "error"
+    } else {
+        "value"
+    };
     json!({
         "format": header.format,
         "codec": codec,
         "codec_id": header.codec,
-        "kind": if header.cached_error { "error" } else { "value" },
+        "kind": kind,
         "result_version": header.version,
         "bytes": payload.len(),
         "value": decoded,
@@ -240,8 +292,32 @@ fn record_json(key: &Key, info: &RecordInfo) -> Value {
     out[left] = json!(ms(info.time_left));
     if let Some(payload) = &info.payload {
         out["payload"] = describe_payload(payload);
+        if let Some(step) = envelope::held_step(payload) {
+            // Not a result: the key waits for its step to be resolved.
+            out["held_by_step"] = json!(step);
+        }
     }
     out
+}
+
+/// What a step's record (or a call's key) holds, as `steps` shows it: `none`, `running`
+/// (a claim), `held` (the outcome is unknown) or `completed` (with the step's value).
+fn step_json(info: Option<&RecordInfo>) -> Value {
+    let Some(info) = info else {
+        return json!({ "state": "none" });
+    };
+    match &info.payload {
+        None => json!({ "state": "running", "lease_left_ms": ms(info.time_left) }),
+        Some(payload) => match envelope::held_step(payload) {
+            Some(step) => {
+                json!({ "state": "held", "step": step, "expires_in_ms": ms(info.time_left) })
+            }
+            None => {
+                let described = describe_payload(payload);
+                json!({ "state": "completed", "value": described["value"], "expires_in_ms": ms(info.time_left) })
+            }
+        },
+    }
 }
 
 /// Runs the command; answers what to print and the exit code.
@@ -290,6 +366,105 @@ async fn run(command: Command) -> Result<(String, u8), Failure> {
                     format!("`{key}`: the store answered in a way this build does not know"),
                     FAILED,
                 ),
+            };
+            Ok((if target.json { out.to_string() } else { text }, code))
+        }
+        Command::Steps { target, key, steps } => {
+            let key = parse_key(&key)?;
+            let records = steps
+                .iter()
+                .map(|name| key.step(name).map(|k| (name, k)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let store = open(&target, false).await?;
+            let call = store.describe(&key).await?;
+            let mut found = call.is_some();
+            let mut shown = serde_json::Map::new();
+            for (name, record) in &records {
+                let info = store.describe(record).await?;
+                found |= info.is_some();
+                shown.insert((*name).clone(), step_json(info.as_ref()));
+            }
+            let held_by = call
+                .as_ref()
+                .and_then(|info| info.payload.as_deref())
+                .and_then(envelope::held_step);
+            let out = json!({
+                "key": key.as_str(),
+                "key_state": step_json(call.as_ref())["state"],
+                "held_by": held_by,
+                "steps": shown,
+            });
+            if !found {
+                return Err(Failure(
+                    NOT_FOUND,
+                    format!("no record under `{key}` nor any of its steps named"),
+                ));
+            }
+            Ok((render(&out, target.json), 0))
+        }
+        Command::Resolve {
+            target,
+            key,
+            step,
+            ran,
+            not_ran: _,
+            value,
+            ttl,
+        } => {
+            let key = parse_key(&key)?;
+            let record = key.step(&step)?;
+            let resolution = if ran {
+                let value = value.as_deref().unwrap_or("null");
+                let value: Value = serde_json::from_str(value).map_err(|e| {
+                    Failure(USAGE, format!("--value is not JSON ({e}): give it as the step's value would be serialized, e.g. '\"ch_1\"' or '{{\"id\":\"ch_1\"}}'"))
+                })?;
+                Resolution::Ran(value)
+            } else {
+                Resolution::NotRan
+            };
+            let ttl = ttl.unwrap_or(idem_core::DEFAULT_TTL.as_secs());
+            if ttl == 0 {
+                return Err(Failure(USAGE, "--ttl must be at least 1 second".into()));
+            }
+            let store = open(&target, false).await?;
+            let call = store.describe(&key).await?;
+            let step_record = store.describe(&record).await?;
+            // The engine's own resolution, on the opened store: the step's record first,
+            // then the key's hold, each as a service's engine writes them.
+            let idem = Idem::builder()
+                .store(store)
+                .ttl(Duration::from_secs(ttl))
+                .build()?;
+            let ran_text = if ran { "ran" } else { "not ran" };
+            let resolved = if ran { "ran" } else { "not_ran" };
+            // As `delete` does: what happened on stdout (JSON with `--json`), and the exit
+            // code says whether it was done.
+            let (out, text, code) = match idem.resolve(&key, &step, resolution).await? {
+                Resolved::Resolved => (
+                    json!({ "key": key.as_str(), "step": step, "resolved": resolved }),
+                    format!("step `{step}` of `{key}` is resolved as {ran_text}; the key is no longer held, and its next call runs the steps not done"),
+                    0,
+                ),
+                _ if call.is_none() && step_record.is_none() => (
+                    json!({ "key": key.as_str(), "step": step, "resolved": null }),
+                    format!("no record under `{key}` nor its step `{step}`: nothing to resolve"),
+                    NOT_FOUND,
+                ),
+                _ => {
+                    let held_by = call
+                        .as_ref()
+                        .and_then(|info| info.payload.as_deref())
+                        .and_then(envelope::held_step);
+                    let why = match &held_by {
+                        Some(other) => format!("the key is held by step `{other}`, not `{step}`"),
+                        None => format!("neither the key nor step `{step}` is held"),
+                    };
+                    (
+                        json!({ "key": key.as_str(), "step": step, "resolved": null, "held_by": held_by }),
+                        format!("`{key}`: {why}; nothing changed (`idem steps` shows them)"),
+                        NOT_POSSIBLE,
+                    )
+                }
             };
             Ok((if target.json { out.to_string() } else { text }, code))
         }

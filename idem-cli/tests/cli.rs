@@ -415,6 +415,269 @@ async fn redis_get_delete_and_what_redis_does_not_do() {
     assert_eq!(code, 4);
 }
 
+/// What the steps of a call leave, shown and resolved by the binary: a key whose first
+/// attempt charged and then failed (its charge recorded, the key free), and a key held by a
+/// charge whose outcome is unknown, resolved as ran with a value the next attempt gets.
+/// `flags` name the store's table or prefix.
+async fn steps_flow(url: &str, store: impl Store, flags: &[&str]) {
+    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+    let with = |cmd: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
+        v.extend(flags.iter().map(|s| s.to_string()));
+        v
+    };
+    let run = |cmd: &[&str]| {
+        let a = with(cmd);
+        json_ok(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let cmd = |cmd: &[&str]| {
+        let a = with(cmd);
+        idem_cmd(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+
+    let idem = Idem::new(store);
+    let charges = AtomicU32::new(0);
+    // Charges (ambiguous when `unknown`), then mails (failing when `mail_down`).
+    let checkout = |id: &str, unknown: bool, mail_down: bool| {
+        let key = Key::new("shop::checkout", id).unwrap();
+        let charges = &charges;
+        idem.call(key, Fingerprint::NONE)
+            .run_fallible(move || async move {
+                let charge: String = idem::Step::new("charge")
+                    .unknown_if(|_: &idem::Error| unknown)
+                    .run(|| async {
+                        let n = charges.fetch_add(1, SeqCst) + 1;
+                        match unknown {
+                            true => Err(idem::Error::Config {
+                                message: "the gateway timed out".into(),
+                                source: None,
+                            }),
+                            false => Ok(format!("ch_{n}")),
+                        }
+                    })
+                    .await?;
+                idem::step("email", || async {
+                    match mail_down {
+                        true => Err(idem::Error::Config {
+                            message: "mail is down".into(),
+                            source: None,
+                        }),
+                        false => Ok(()),
+                    }
+                })
+                .await?;
+                Ok::<_, idem::Error>(charge)
+            })
+    };
+
+    // Charged, then the email failed: the charge's record stays, the key is free.
+    assert!(checkout("order-42", false, true).await.is_err());
+    let shown = run(&["steps", url, "shop::checkout/order-42", "charge", "email"]);
+    assert_eq!(shown["key"], "shop::checkout/order-42");
+    assert_eq!(shown["key_state"], "none");
+    assert_eq!(shown["held_by"], Value::Null);
+    assert_eq!(shown["steps"]["charge"]["state"], "completed");
+    assert_eq!(shown["steps"]["charge"]["value"], "ch_1");
+    assert!(shown["steps"]["charge"]["expires_in_ms"].as_u64().unwrap() > 0);
+    assert_eq!(shown["steps"]["email"]["state"], "none");
+    let (code, text, err) = cmd(&["steps", url, "shop::checkout/order-42", "charge", "email"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(text.contains("steps.charge.state: completed"), "{text}");
+    assert!(text.contains("steps.charge.value: ch_1"), "{text}");
+    assert!(text.contains("steps.email.state: none"), "{text}");
+    // Nothing held there: resolving is refused, and changes nothing.
+    let (code, text, err) = cmd(&[
+        "resolve",
+        url,
+        "shop::checkout/order-42",
+        "charge",
+        "--not-ran",
+    ]);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        text.contains("neither the key nor step `charge` is held"),
+        "{text}"
+    );
+    assert_eq!(checkout("order-42", false, false).await.unwrap(), "ch_1");
+    assert_eq!(charges.load(SeqCst), 1, "the retry did not charge again");
+
+    // An ambiguous charge holds the key.
+    assert!(checkout("order-43", true, false).await.is_err());
+    assert!(matches!(
+        checkout("order-43", false, false).await,
+        Err(idem::Error::OutcomeUnknown { .. })
+    ));
+    let shown = run(&["steps", url, "shop::checkout/order-43", "charge", "email"]);
+    assert_eq!(shown["key_state"], "held");
+    assert_eq!(shown["held_by"], "charge");
+    assert_eq!(shown["steps"]["charge"]["state"], "held");
+    assert_eq!(shown["steps"]["email"]["state"], "none");
+    let got = run(&["get", url, "shop::checkout/order-43"]);
+    assert_eq!(got["payload"]["kind"], "held");
+    assert_eq!(got["held_by_step"], "charge");
+    let (code, text, _) = cmd(&["get", url, "shop::checkout/order-43"]);
+    assert_eq!(code, 0);
+    assert!(text.contains("held_by_step: charge"), "{text}");
+
+    // Resolving another step, or a key with no record, is refused; a bad value is usage.
+    let (code, text, err) = cmd(&["resolve", url, "shop::checkout/order-43", "email", "--ran"]);
+    assert_eq!(code, 3, "{err}");
+    assert!(
+        text.contains("held by step `charge`, not `email`"),
+        "{text}"
+    );
+    let refused = cmd(&[
+        "resolve",
+        url,
+        "shop::checkout/order-43",
+        "email",
+        "--ran",
+        "--json",
+    ]);
+    let refused: Value = serde_json::from_str(&refused.1).unwrap();
+    assert_eq!(refused["resolved"], Value::Null);
+    assert_eq!(refused["held_by"], "charge");
+    let (code, text, err) = cmd(&["resolve", url, "shop::checkout/order-99", "charge", "--ran"]);
+    assert_eq!(code, 4, "{err}");
+    assert!(text.contains("nothing to resolve"), "{text}");
+    let (code, _, err) = cmd(&["steps", url, "shop::checkout/order-99", "charge"]);
+    assert_eq!(code, 4, "{err}");
+    let bad = [
+        "resolve",
+        url,
+        "shop::checkout/order-43",
+        "charge",
+        "--ran",
+        "--value",
+        "ch_9",
+    ];
+    let (code, _, err) = cmd(&bad);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--value is not JSON"), "{err}");
+
+    // The operator learns that the charge went through as `ch_9`.
+    let resolved = run(&[
+        "resolve",
+        url,
+        "shop::checkout/order-43",
+        "charge",
+        "--ran",
+        "--value",
+        r#""ch_9""#,
+    ]);
+    assert_eq!(
+        resolved,
+        serde_json::json!({ "key": "shop::checkout/order-43", "step": "charge", "resolved": "ran" })
+    );
+    let shown = run(&["steps", url, "shop::checkout/order-43", "charge"]);
+    assert_eq!(shown["key_state"], "none");
+    assert_eq!(shown["steps"]["charge"]["value"], "ch_9");
+    assert_eq!(checkout("order-43", false, false).await.unwrap(), "ch_9");
+    assert_eq!(
+        charges.load(SeqCst),
+        2,
+        "the resolved charge was not run again"
+    );
+    let (code, _, _) = cmd(&["resolve", url, "shop::checkout/order-43", "charge", "--ran"]);
+    assert_eq!(code, 3, "resolved once, not held any more");
+
+    // Held again, resolved as not ran: the next attempt charges.
+    assert!(checkout("order-44", true, false).await.is_err());
+    let (code, text, err) = cmd(&[
+        "resolve",
+        url,
+        "shop::checkout/order-44",
+        "charge",
+        "--not-ran",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(text.contains("resolved as not ran"), "{text}");
+    assert_eq!(checkout("order-44", false, false).await.unwrap(), "ch_4");
+}
+
+#[tokio::test]
+async fn sqlite_steps_and_resolve() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("idem.db").display());
+    json_ok(&["migrate", &url, "--table", "ops_steps"]);
+    let store = idem::stores::SqliteStore::builder()
+        .table("ops_steps")
+        .migrate(false)
+        .connect(&url)
+        .await
+        .unwrap();
+    steps_flow(&url, store, &["--table", "ops_steps"]).await;
+}
+
+#[tokio::test]
+async fn postgres_steps_and_resolve() {
+    let Some(url) = backend_url("IDEM_TEST_POSTGRES_URL") else {
+        return;
+    };
+    let table = unique("idem_cli_steps");
+    json_ok(&["migrate", &url, "--table", &table]);
+    let store = idem::stores::PostgresStore::builder()
+        .table(&table)
+        .migrate(false)
+        .connect(&url)
+        .await
+        .unwrap();
+    steps_flow(&url, store, &["--table", &table]).await;
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    for t in [table.clone(), format!("{table}_schema")] {
+        sqlx::query(&format!("DROP TABLE IF EXISTS \"{t}\""))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn redis_steps_and_resolve() {
+    let Some(url) = backend_url("IDEM_TEST_REDIS_URL") else {
+        return;
+    };
+    let prefix = format!("{}:", unique("idem-cli-steps"));
+    let store = idem::stores::RedisStore::builder()
+        .prefix(&prefix)
+        .open(&url)
+        .await
+        .unwrap();
+    steps_flow(&url, store, &["--prefix", &prefix]).await;
+}
+
+#[test]
+fn resolve_takes_ran_or_not_ran() {
+    let key = "shop::checkout/o-1";
+    for args in [
+        &["resolve", "sqlite://x.db", key, "charge"][..],
+        &[
+            "resolve",
+            "sqlite://x.db",
+            key,
+            "charge",
+            "--ran",
+            "--not-ran",
+        ][..],
+        &[
+            "resolve",
+            "sqlite://x.db",
+            key,
+            "charge",
+            "--not-ran",
+            "--value",
+            "1",
+        ][..],
+        &["steps", "sqlite://x.db", key][..],
+    ] {
+        let (code, _, err) = idem_cmd(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+    }
+    let (code, _, err) = idem_cmd(&["steps", "sqlite://x.db", key, "no spaces"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("step `no spaces`"), "{err}");
+}
+
 #[test]
 fn help_shows_an_example_and_bad_input_is_named() {
     let (code, out, _) = idem_cmd(&["--help"]);

@@ -55,6 +55,7 @@
 //! | a body over [`IdempotencyLayer::max_body`] | 413; the handler does not run |
 //! | the store is unreachable | 503; the handler does not run |
 //! | the server is draining ([`Drain::drain`]) | 503 with `Retry-After` |
+//! | a step of the handler ([`idem_core::step`]) whose outcome is unknown ([`Step::unknown_if`](idem_core::Step::unknown_if)), and every later request with the key until the step is resolved | 409 `urn:idem:problem:outcome-unknown`, no `Retry-After`, not retryable |
 //!
 //! Once a handler has started, its outcome is what every retry gets: the layer cannot know
 //! whether a side effect happened before a failure. So a 5xx is stored, and a panic is

@@ -119,6 +119,17 @@ impl Problem {
         )
     }
 
+    /// A step of the request's operation may or may not have taken effect, so the key is
+    /// held: no retry runs the handler or answers for it until the step is resolved.
+    pub(crate) fn outcome_unknown(key: &str, step: &str) -> Self {
+        Problem::new(
+            StatusCode::CONFLICT,
+            "outcome-unknown",
+            "Outcome unknown",
+            format!("the outcome of step `{step}` of the request with the idempotency key `{key}` is unknown (it may have taken effect); the key is held until the step is resolved as ran or not ran, and every request with it gets this answer until then"),
+        )
+    }
+
     pub(crate) fn body_too_large(limit: usize) -> Self {
         Problem::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -165,6 +176,8 @@ impl Problem {
     /// | `InProgress` | 409, `Retry-After` from the engine's hint (1 s by default) |
     /// | `WaitTimeout` | 409, `Retry-After: 1`: the first request still runs, and the same request later gets its result |
     /// | `Store`, `LeaseLost` | 503 (`Retry-After: 1` when retrying can help); the handler did not run, or its result was not stored |
+    /// | `OutcomeUnknown` | 409, no `Retry-After`: a step's outcome is unknown and the key is held until someone resolves it (`idem resolve`), so retrying at once cannot help |
+    /// | `Step` | 500: the handler runs a step where none can run (outside the call, a bad or repeated name), a bug to fix |
     /// | `Decode`, `Encode`, `InvalidOption`, `Connect` and others | 500 |
     pub fn from_error(err: &idem_core::Error) -> Self {
         use idem_core::Error as E;
@@ -226,6 +239,21 @@ impl Problem {
                 detail,
             )
             .with_retry_after(Duration::from_secs(1)),
+            // No `Retry-After`, and never marked retryable: the key stays held until an
+            // operator (or the reconcile hook) says whether the step took effect, and a
+            // client retrying in a loop would only hammer the store.
+            E::OutcomeUnknown { .. } => Problem::new(
+                StatusCode::CONFLICT,
+                "outcome-unknown",
+                "Outcome unknown",
+                detail,
+            ),
+            E::Step { .. } => Problem::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "step-misused",
+                "Step misused",
+                detail,
+            ),
             _ => Problem::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "idempotency-failure",
@@ -246,6 +274,8 @@ impl Problem {
             E::InProgress { .. } | E::WaitTimeout { .. } => format!("a request with the idempotency key `{key}` is still being processed; retry later with the same key"),
             E::Store { .. } => format!("the idempotency store could not be reached, so the request with the key `{key}` was not processed; retry later with the same key"),
             E::LeaseLost { .. } => format!("the request with the idempotency key `{key}` ran, but its response could not be stored; retry later with the same key"),
+            E::OutcomeUnknown { step, .. } => Problem::outcome_unknown(key, step).detail,
+            E::Step { .. } => format!("the handler of the request with the idempotency key `{key}` ran a step where none can run (the server's log says which and why)"),
             _ => format!("the request with the idempotency key `{key}` failed in the idempotency layer"),
         };
         problem

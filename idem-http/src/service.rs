@@ -260,6 +260,8 @@ where
     ResBody: Body,
     ResBody::Error: Into<BoxError>,
 {
+    // For the log of a held key: the operator resolves the stored key, not the client's.
+    let stored_key = key.clone();
     let mut call = config
         .idem
         .call(key, fingerprint)
@@ -358,6 +360,24 @@ where
             })
         }
         Ok(outcome) => Ok(replay(outcome.value())),
+        // A step of the handler's failed in a way that leaves its outcome unknown (this
+        // request), or an earlier request's did (a retry): the key is held, and whatever the
+        // handler answered is not what the client gets, since nobody knows yet whether the
+        // operation took effect. Neither a `Retry-After` nor the retryable mark: a retry can
+        // only get this answer again until the step is resolved.
+        Err(Failure::Idem(err @ idem_core::Error::OutcomeUnknown { .. })) => {
+            if let idem_core::Error::OutcomeUnknown { step, .. } = &err {
+                if ran.load(Ordering::SeqCst) {
+                    tracing::warn!(target: "idem_http", key = %stored_key, step = %step,
+                        "an idempotent request's step has an unknown outcome: its key is held until the step is resolved (`idem steps` / `idem resolve` with this key)");
+                } else {
+                    tracing::debug!(target: "idem_http", key = %stored_key, step = %step,
+                        "a request on a held key: its step's outcome is still unknown");
+                }
+            }
+            inner_error.lock().expect("not poisoned").take();
+            Ok(Problem::for_client(&err, &client_key).to_response())
+        }
         Err(Failure::Idem(err)) if ran.load(Ordering::SeqCst) => {
             // The handler ran, but its outcome could not be stored (the store failed at
             // the end): the claim is kept until its lease ends. The first caller gets the

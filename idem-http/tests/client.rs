@@ -265,3 +265,49 @@ async fn returns_the_connect_error_when_attempts_run_out() {
         "{err}"
     );
 }
+
+/// A key held by a step whose outcome is unknown is answered 409 `outcome-unknown` with no
+/// `Retry-After` and no retryable mark: the client stops after one attempt instead of
+/// spinning on a key only an operator can release.
+#[tokio::test]
+async fn a_held_key_is_not_retried() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    let idem = idem_core::Idem::new(idem_stores::MemoryStore::new());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    let app = Router::new()
+        .route(
+            "/op",
+            post(move || {
+                counter.fetch_add(1, SeqCst);
+                async {
+                    let charged = idem_core::Step::new("charge")
+                        .unknown_if(|_: &idem_core::Error| true)
+                        .run(|| async {
+                            Err::<(), _>(idem_core::Error::Config {
+                                message: "the gateway timed out".into(),
+                                source: None,
+                            })
+                        })
+                        .await;
+                    match charged {
+                        Ok(()) => StatusCode::CREATED.into_response(),
+                        Err(_) => StatusCode::BAD_GATEWAY.into_response(),
+                    }
+                }
+            }),
+        )
+        .layer(idem_http::IdempotencyLayer::new(idem));
+    let server = Server::start(app).await;
+    let res = fast()
+        .post(server.url("/op"))
+        .json(&1)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 409);
+    assert!(res.headers().get("retry-after").is_none());
+    let problem: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(problem["type"], "urn:idem:problem:outcome-unknown");
+    assert_eq!(runs.load(SeqCst), 1, "one attempt, one run");
+}

@@ -123,6 +123,25 @@ async fn every_error_has_its_status() {
             "idempotency-key-invalid",
         ),
         (
+            Error::OutcomeUnknown {
+                key: key(),
+                step: "charge".into(),
+            },
+            409,
+            None,
+            "outcome-unknown",
+        ),
+        (
+            Error::Step {
+                key: Some(key()),
+                step: "charge".into(),
+                reason: "this body already ran a step of this name".into(),
+            },
+            500,
+            None,
+            "step-misused",
+        ),
+        (
             Error::Connect {
                 message: "no such scheme".into(),
                 source: None,

@@ -12,14 +12,17 @@
 //! 3. [The promise](promise): what "idempotent" guarantees, and what is refused.
 //! 4. [Keys and records](keys): scopes, ids, digests, the stored envelope, codecs.
 //! 5. [The engine API](engine): `Idem::call` without the macro, outcomes, options.
-//! 6. [Failures and timeouts](failures): step timeouts, and what an outage looks like to a
+//! 6. [Steps](steps): operations with several side effects, each run once per key; a
+//!    retry resumes after the last completed step; unknown outcomes held until resolved;
+//!    calls inside calls.
+//! 7. [Failures and timeouts](failures): step timeouts, and what an outage looks like to a
 //!    caller.
-//! 7. [Stores](stores): choosing one, your own store, the SQL stores, Redis.
-//! 8. [Durability](durability): how durable a stored result is across a failover.
-//! 9. [HTTP](http): the `Idempotency-Key` header as a tower layer, and a retrying client.
-//! 10. [Jobs and consumers](consumers): at-least-once delivery made effective once, and
+//! 8. [Stores](stores): choosing one, your own store, the SQL stores, Redis.
+//! 9. [Durability](durability): how durable a stored result is across a failover.
+//! 10. [HTTP](http): the `Idempotency-Key` header as a tower layer, and a retrying client.
+//! 11. [Jobs and consumers](consumers): at-least-once delivery made effective once, and
 //!     dedup inside a database transaction.
-//! 11. [Operating idem](operating): the `idem.call` span, metrics, TLS, the `idem` command.
+//! 12. [Operating idem](operating): the `idem.call` span, metrics, TLS, the `idem` command.
 //!
 //! Contributors: `CONTRIBUTING.md` in the repository says how to run the backend tests,
 //! the reliability suite, the benchmarks and the fuzzers.
@@ -34,4 +37,5 @@ pub mod http;
 pub mod keys;
 pub mod operating;
 pub mod promise;
+pub mod steps;
 pub mod stores;

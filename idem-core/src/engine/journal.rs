@@ -290,6 +290,12 @@ pub fn step_key(name: &str) -> Result<String, Error> {
 /// step outside an idempotent call's body, or a name the body already used, is an
 /// [`Error::Step`].
 ///
+/// An idempotent call made inside the body (an `#[idempotent]` function, another
+/// `Idem::call`) is a call of its own: it keeps the key its arguments give it (none is
+/// derived from the enclosing call's), and the steps in its own body are its steps. To run
+/// it once per key of the enclosing call, wrap it in a step; to derive its key from the
+/// enclosing call's, give it [`step_key`] as its key.
+///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), idem::Error> {

@@ -1,0 +1,195 @@
+//! # Steps: operations with several side effects
+//!
+//! An idempotent call runs its body to success once per key, and a body that fails gives its
+//! claim back so that a retry runs it again. That is right for a body with one side effect,
+//! and wrong for one with several: a checkout that charged the card and then failed to send
+//! the receipt would, on its retry, charge the card a second time. [`step`](crate::step)
+//! makes each side effect a unit of its own inside the call: a step's value is stored under
+//! the call's key as soon as the step completes, and a later attempt of the key gets it from
+//! the store instead of running the step again.
+//!
+//! ```
+//! use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+//! use idem::{idempotent, Idem, MemoryStore};
+//!
+//! static CHARGES: AtomicU32 = AtomicU32::new(0);
+//! static EMAILS: AtomicU32 = AtomicU32::new(0);
+//!
+//! #[derive(Debug)]
+//! enum ShopError {
+//!     MailDown,
+//!     Idem(idem::Error),
+//! }
+//! impl From<idem::Error> for ShopError {
+//!     fn from(e: idem::Error) -> Self { ShopError::Idem(e) }
+//! }
+//!
+//! // `mail_up` stands for the mail server's state: not part of the request.
+//! #[idempotent(key = order_id, skip(mail_up))]
+//! async fn checkout(order_id: String, mail_up: bool) -> Result<String, ShopError> {
+//!     // Runs once per order, however many attempts the call takes.
+//!     let charge: String = idem::step("charge", || async {
+//!         // The payment provider's own idempotency key, the same on every attempt.
+//!         let provider_key = idem::step_key("charge")?;
+//!         CHARGES.fetch_add(1, SeqCst);
+//!         Ok::<_, ShopError>(format!("ch_{}", &provider_key[..8]))
+//!     })
+//!     .await?;
+//!     idem::step("email", || async move {
+//!         if !mail_up {
+//!             return Err(ShopError::MailDown);
+//!         }
+//!         EMAILS.fetch_add(1, SeqCst);
+//!         Ok(())
+//!     })
+//!     .await?;
+//!     Ok(charge)
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! idem::set_global(Idem::new(MemoryStore::new())).unwrap();
+//! // Charged, then the email failed: the call's claim is given back, the charge's record kept.
+//! assert!(matches!(checkout("o-1".into(), false).await, Err(ShopError::MailDown)));
+//! // The retry gets the charge from its record and sends the email.
+//! let charge = checkout("o-1".into(), true).await.unwrap();
+//! assert_eq!((CHARGES.load(SeqCst), EMAILS.load(SeqCst)), (1, 1));
+//! // And a later call is a replay of the stored result, as for any call.
+//! assert_eq!(checkout("o-1".into(), true).await.unwrap(), charge);
+//! # }
+//! ```
+//!
+//! `examples/checkout.rs` (`cargo run --example checkout`) is a longer one: charge, reserve
+//! and email, a retry after a failure, and the unknown outcomes below.
+//!
+//! ## What a step records, and when a retry resumes
+//!
+//! - A step claims a record of its own, under a key derived from the call's
+//!   ([`Key::step`](crate::Key::step): `shop::checkout#step:charge/o-1`), runs, and
+//!   completes that record with its value, encoded as JSON (so a step's value is
+//!   `Serialize + DeserializeOwned`; a step of `()` stores `null`). The body gets the value
+//!   decoded from that JSON, on the first run as on a replay.
+//! - A later attempt of the same key replays every step that completed and runs the rest:
+//!   after the body returned an `Err` that is not cached (the call's claim is given back), a
+//!   panic, a dropped future, or a crash and the takeover of its lease by another caller.
+//! - A step that returns an `Err` stores nothing: the next attempt runs it again. A step
+//!   whose effect may have happened without its record being stored (its lease was lost, its
+//!   value could not be encoded or stored) keeps the call's claim until its lease ends,
+//!   rather than let a retry run it again at once.
+//! - Once the call's result is stored, its step records are deleted (in the background); one
+//!   left behind expires with the call's `ttl`, and no call reads it while the result lives.
+//! - Two attempts never run one step at once: an attempt that finds a step's record claimed
+//!   (its predecessor was taken over but still runs) waits for it.
+//! - Each step of a body needs its own name (1 to 64 ASCII letters, digits, `_`, `-` or
+//!   `.`), the same on every attempt; in a loop, number them (`email.0`, `email.1`). A step
+//!   runs in the body's own task: in a task the body spawns, or outside any call, it is an
+//!   [`Error::Step`](crate::Error::Step), as a repeated name is.
+//! - [`step_key`](crate::step_key) gives the step's stable key as 32 hex digits, to send as
+//!   the idempotency key of the system the step calls (Stripe's `Idempotency-Key`): if the
+//!   process dies after the charge and before its record, the charge sent again on the next
+//!   attempt is answered by the provider instead of repeated.
+//!
+//! An attempt resumed after a crash, step by step:
+//!
+#![doc = include_str!("diagrams/steps_resumed.svg")]
+//!
+//! <details><summary>mermaid source</summary>
+//!
+//! ```mermaid
+#![doc = include_str!("diagrams/steps_resumed.mmd")]
+//! ```
+//!
+//! </details>
+//!
+//! ## Unknown outcomes: hold the key until someone knows
+//!
+//! Some failures leave a step's outcome unknown: the gateway timed out after the request was
+//! sent, the connection dropped before the answer. Running the charge again could charge
+//! twice; not running it could ship an order nobody paid for.
+//! [`Step::unknown_if`](crate::Step::unknown_if) marks those errors: the step's record and
+//! the call's key are
+//! then completed with a *hold* instead of a value, and every later call of the key answers
+//! [`Error::OutcomeUnknown`](crate::Error::OutcomeUnknown) `{ key, step }` without running
+//! the body, until the step is resolved:
+//!
+//! - by [`Idem::resolve`](crate::Idem::resolve)`(&key, "charge", Resolution::Ran(value))`
+//!   (the step took effect, and later attempts get `value` as its result) or
+//!   `Resolution::NotRan` (the next attempt runs it);
+//! - by the engine's reconcile hook, [`IdemBuilder::reconcile`](crate::IdemBuilder::reconcile),
+//!   which a call that finds its key held asks first (it gets the key, the step and the
+//!   step's [`step_key`](crate::Unresolved::step_key), to ask the provider);
+//! - or from a shell, by the admin command, on the service's store URL:
+//!
+//! ```sh
+//! idem steps postgres://app@db/shop shop::checkout/o-2 charge email   # completed, held, running or none
+//! idem resolve postgres://app@db/shop shop::checkout/o-2 charge --ran --value '"ch_1"'
+//! idem resolve postgres://app@db/shop shop::checkout/o-2 charge --not-ran
+//! ```
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), idem::Error> {
+//! use idem::{Error, Fingerprint, Idem, Key, MemoryStore, Resolution, Step};
+//!
+//! #[derive(Debug)]
+//! enum PayError { Timeout, Idem(Error) }
+//! impl From<Error> for PayError {
+//!     fn from(e: Error) -> Self { PayError::Idem(e) }
+//! }
+//!
+//! let idem = Idem::new(MemoryStore::new());
+//! let key = Key::new("shop::checkout", "o-2")?;
+//! let pay = |timeout: bool| {
+//!     idem.call(key.clone(), Fingerprint::NONE).run_fallible(move || async move {
+//!         Step::new("charge")
+//!             .unknown_if(|e: &PayError| matches!(e, PayError::Timeout))
+//!             .run(|| async move {
+//!                 match timeout {
+//!                     true => Err(PayError::Timeout),
+//!                     false => Ok("ch_2".to_string()),
+//!                 }
+//!             })
+//!             .await
+//!     })
+//! };
+//! // The charge timed out: the key is held, for this call and every later one.
+//! assert!(matches!(pay(true).await, Err(PayError::Idem(Error::OutcomeUnknown { .. }))));
+//! assert!(matches!(pay(false).await, Err(PayError::Idem(Error::OutcomeUnknown { .. }))));
+//! // The provider says the charge went through, as `ch_1`.
+//! idem.resolve(&key, "charge", Resolution::ran("ch_1").unwrap()).await?;
+//! assert_eq!(pay(false).await.unwrap(), "ch_1");
+//! # Ok(()) }
+//! ```
+//!
+#![doc = include_str!("diagrams/steps_held.svg")]
+//!
+//! <details><summary>mermaid source</summary>
+//!
+//! ```mermaid
+#![doc = include_str!("diagrams/steps_held.mmd")]
+//! ```
+//!
+//! </details>
+//!
+//! A held key is not an error to retry: [`Error::is_retryable`](crate::Error::is_retryable)
+//! is false. The [HTTP layer](super::http) answers it 409 `urn:idem:problem:outcome-unknown`
+//! with no `Retry-After` (the retrying client stops), and
+//! [`dedup::Decision`](crate::dedup::Decision) holds such a message (`Hold`) rather than
+//! acknowledging or redelivering it at once. `idem get` shows a held key's record as
+//! `payload.kind: held` with the step that holds it.
+//!
+//! ## Calls inside calls
+//!
+//! An `#[idempotent]` function (or an `Idem::call`) called inside another call's body is a
+//! call of its own: it keeps the key its own arguments give it, no key is derived from the
+//! parent's, and the steps inside its body belong to it, not to the parent. A nested call is
+//! its own operation, with its own record, replayed to whoever calls it with that key.
+//!
+//! - To make it a step of the parent (run once per parent key, its value recorded with the
+//!   parent's steps), wrap it in a step:
+//!   `idem::step("reserve", || reserve_stock(order_id)).await?`.
+//! - To key it by the parent instead of by its own arguments, pass the parent's step key as
+//!   its key: `reserve_stock(idem::step_key("reserve")?).await?` gives one key per parent
+//!   key and step name, the same on every attempt of the parent.
+//!
+//! The two combine: a step whose body is a nested call keyed by that step's `step_key`.
