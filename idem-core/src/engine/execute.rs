@@ -102,7 +102,14 @@ impl<C: Codec> Call<'_, C> {
         }
         let _in_flight = InFlight::start();
         let clock = StoreClock::for_span(&span);
-        let happened = match span.in_scope(|| self.local_hit(&policy, &ops)) {
+        // Without a local cache there is nothing to look up: the span is not entered for it
+        // (entering and leaving a span costs a replay more than the check, also with no
+        // subscriber, when `tracing`'s `log` feature is on).
+        let hit = match self.idem.inner.cache {
+            Some(_) => span.in_scope(|| self.local_hit(&policy, &ops)),
+            None => None,
+        };
+        let happened = match hit {
             Some(hit) => hit,
             None => {
                 let run = self.execute_in_span(body, policy, ops, &clock);
