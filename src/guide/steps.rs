@@ -68,7 +68,10 @@
 //!   ([`Key::step`](crate::Key::step): `shop::checkout#step:charge/o-1`), runs, and
 //!   completes that record with its value, encoded as JSON (so a step's value is
 //!   `Serialize + DeserializeOwned`; a step of `()` stores `null`). The body gets the value
-//!   decoded from that JSON, on the first run as on a replay.
+//!   decoded from that JSON, on the first run as on a replay. Step records are JSON at
+//!   result version 0 whatever the call's `codec` and `version`: they live at most one
+//!   `ttl`, between a failed attempt and the next, so a step's type changed by a deploy in
+//!   between is read as JSON reads a changed type (its value, or [`Error::Decode`](crate::Error::Decode)).
 //! - A later attempt of the same key replays every step that completed and runs the rest:
 //!   after the body returned an `Err` that is not cached (the call's claim is given back), a
 //!   panic, a dropped future, or a crash and the takeover of its lease by another caller.
