@@ -11,6 +11,9 @@
 //!   effect once.
 //! - 100 concurrent callers of one key, whose first six bodies fail (so the key passes from
 //!   caller to caller, each replaying the steps done): each step once, one answer for all.
+//! - A holder whose lease ended while it ran on (`LeaseLoss::Finish`, its extends failing)
+//!   goes on after its successor finished the call and deleted the step records: it runs
+//!   no step again.
 //! - A step whose outcome is unknown holds the key (later calls answer `OutcomeUnknown`
 //!   and run nothing) until `Idem::resolve` or the reconcile hook settles it.
 //!
@@ -36,8 +39,8 @@ use futures_util::future::join_all;
 use futures_util::FutureExt;
 use idem::testing::backend_url;
 use idem::{
-    Error, Fingerprint, Idem, InProgress, Key, Record, Resolution, Resolved, Step, Store,
-    Unresolved,
+    Error, Fingerprint, Idem, InProgress, Key, LeaseLoss, Record, Resolution, Resolved, Step,
+    Store, StoreError, StoreWrapper, Token, Unresolved,
 };
 
 const SCOPE: &str = "steps.every_store";
@@ -92,7 +95,7 @@ impl Boundary {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 enum Fault {
     /// Print the marker and hang, to be killed.
     Hang,
@@ -101,6 +104,8 @@ enum Fault {
     Panic,
     /// Fail in a way `reserve` calls ambiguous (only inside `reserve`).
     Ambiguous,
+    /// Say so (`notify_one`) on the first gate, then wait on the second, and go on.
+    Stall(&'static tokio::sync::Notify, &'static tokio::sync::Notify),
 }
 
 /// A body's fault, if any; a pause inside each step before its side effect; and failures
@@ -270,6 +275,11 @@ async fn strike(plan: Plan, here: Boundary, key: &Key) -> Result<(), Fail> {
         Fault::Err => Err(Fail::Injected(here)),
         Fault::Panic => panic!("injected panic at {here:?}"),
         Fault::Ambiguous => Err(Fail::Ambiguous),
+        Fault::Stall(stalled, go_on) => {
+            stalled.notify_one();
+            go_on.notified().await;
+            Ok(())
+        }
         Fault::Hang => {
             println!("{AT}{}", key.id());
             std::io::stdout().flush().unwrap();
@@ -635,6 +645,88 @@ async fn hundred_callers_of_one_key(backend: Backend) {
     );
 }
 
+// --- 3b. a holder that lost its lease and runs on beside its successor ----------------
+
+/// A store whose extends fail while `failing` is set: the lease of a call on it ends while
+/// its body runs, and another caller takes the key over.
+#[derive(Debug)]
+struct FailingExtends {
+    inner: Arc<dyn Store>,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+#[idem::async_trait]
+impl StoreWrapper for FailingExtends {
+    type Inner = dyn Store;
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
+    async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
+        if self.failing.load(SeqCst) {
+            return Err(StoreError::Unavailable {
+                backend: "test",
+                source: "extends fail in this test".into(),
+            });
+        }
+        self.inner.extend(key, token, lease).await
+    }
+}
+
+/// A holder A whose extends fail (`LeaseLoss::Finish`: its body runs on) stalls after
+/// `charge`; its lease ends, B takes the key over, replays `charge`, runs `reserve` and
+/// `email`, stores the receipt and deletes the step records. Then A goes on: it must not
+/// run `reserve` or `email` again (their records are gone, but the call is B's and done).
+async fn holder_past_its_lease_runs_no_step_again(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = url(backend, dir.path()) else {
+        return;
+    };
+    let store = open(&url).await;
+    let a_store = FailingExtends {
+        inner: store.clone(),
+        failing: true.into(),
+    };
+    let a = Idem::builder()
+        .store(a_store)
+        .lease(LEASE)
+        .lease_loss(LeaseLoss::Finish)
+        .build()
+        .unwrap();
+    let b = engine(store.clone(), LEASE);
+    let id = unique(&format!("{backend:?}-past-lease"));
+    let (k, effects) = (key(&id), Effects::new(dir.path(), &id));
+    let what = format!("{backend:?} holder past its lease");
+    let stalled: &'static tokio::sync::Notify = Box::leak(Box::default());
+    let go_on: &'static tokio::sync::Notify = Box::leak(Box::default());
+    let a_call = tokio::spawn({
+        let (a, k, effects) = (a.clone(), k.clone(), effects.clone());
+        async move {
+            let plan = at(Boundary::After(0), Fault::Stall(stalled, go_on));
+            checkout(&a, &k, &effects, plan, &AtomicU32::new(0)).await
+        }
+    });
+    stalled.notified().await;
+    // B waits out A's lease, takes over, and finishes.
+    let bodies = AtomicU32::new(0);
+    let receipt = checkout(&b, &k, &effects, CLEAN, &bodies)
+        .await
+        .unwrap_or_else(|e| panic!("{what}: B: {e:?}"));
+    assert_eq!(effects.counts(), [1, 1, 1], "{what}: after B");
+    step_records_go(&*store, &k, &what).await;
+    go_on.notify_one();
+    let a_answer = a_call.await.unwrap();
+    assert_eq!(
+        effects.counts(),
+        [1, 1, 1],
+        "{what}: A ran steps again after B finished (A answered {a_answer:?})"
+    );
+    assert!(
+        matches!(a_answer, Err(Fail::Idem(Error::LeaseLost { .. }))),
+        "{what}: A answered {a_answer:?}"
+    );
+    finished_once(&b, &k, &effects, &receipt, &what).await;
+}
+
 // --- 4. unknown outcomes -----------------------------------------------------------------
 
 /// A first attempt whose `reserve` fails ambiguously: the key is held from then on.
@@ -906,6 +998,11 @@ macro_rules! every_store {
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn reliability_steps_hundred_concurrent_callers() {
                 hundred_callers_of_one_key($backend).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn reliability_steps_holder_past_its_lease_runs_no_step_again() {
+                holder_past_its_lease_runs_no_step_again($backend).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
