@@ -2,11 +2,12 @@
 //! `reserve`, `email`) whose side effects are counted in files, so that a count outlives
 //! the process that made it.
 //!
-//! - A child process (this test binary started again with `IDEM_STEPS_CRASH_URL` set: the
-//!   test `reliability_steps_crash_child`) runs six calls, each stopped at one of the six boundaries
-//!   (inside each step before its side effect, with the step's record claimed; and after
-//!   each step, its record completed), and is killed with SIGKILL there. Once the leases
-//!   end, the parent's retries finish every call, and each side effect happened once.
+//! - A child process (this test binary started again with `IDEM_STEPS_CRASH_URL` set:
+//!   the test `reliability_steps_crash_child`) runs six calls, each stopped at one of the
+//!   six boundaries (inside each step before its side effect, with the step's record
+//!   claimed; and after each step, its record completed), and is killed with SIGKILL
+//!   there. Once the leases end, the parent's retries finish every call, and each side
+//!   effect happened once.
 //! - An `Err` and a panic at each boundary, in process: the retry finishes, each side
 //!   effect once.
 //! - 100 concurrent callers of one key, whose first six bodies fail (so the key passes from
