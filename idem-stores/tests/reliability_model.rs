@@ -1,8 +1,15 @@
 //! Model-based test of the store contract, on every backend: proptest draws sequences of
 //! claim (new token or resent), complete, release, extend, get, delete and clock advances
-//! from three clients over two keys, runs them against the store, and checks every answer
-//! against a small reference model of DESIGN.md's "Store contract" (the model is `Model`
-//! below, a few dozen lines).
+//! from three clients over three keys, runs them against the store, and checks every
+//! answer against a small reference model of DESIGN.md's "Store contract" (the model is
+//! `Model` below, a few dozen lines).
+//!
+//! The keys are a call's, the record of one of its steps (`key.step("charge")`: what
+//! `idem::step` claims and completes, under the scope `<scope>#step:charge` and the call's
+//! id), and another call's: step records go through the same model as results, and a
+//! store that told records apart by their id alone, or by their scope alone, mixes two of
+//! them up (`reliability_model_catches_a_store_that_mixes_up_a_call_and_its_step` checks
+//! that the model catches it).
 //!
 //! Time: a lease or ttl is LONG (never ends within a case) or SHORT. The memory store runs
 //! on tokio's paused clock, so an `Advance` is exact. Remote stores keep their own clock, so
@@ -24,13 +31,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use idem_core::{Claim, Fence, Fingerprint, Key, Record, Store, StoreError, Token};
+use idem_core::{
+    async_trait, Claim, Fence, Fingerprint, Key, Record, Store, StoreError, StoreWrapper, Token,
+};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestCaseError, TestRunner};
 use tokio::time::Instant;
 
 const CLIENTS: usize = 3;
-const KEYS: usize = 2;
+const KEYS: usize = 3;
 /// Never ends within a case.
 const LONG: Duration = Duration::from_secs(3600);
 /// A step that takes this long hung: a failure.
@@ -208,6 +217,15 @@ fn lease_of(span: Span, t: &Timing) -> Duration {
     }
 }
 
+/// The keys of a case in `scope`: a call's, the record of its step `charge` (the same id,
+/// the scope `<scope>#step:charge`), and another call's (the same scope, another id).
+fn case_keys(scope: &str) -> Vec<Key> {
+    let call = Key::new(scope, "k0").unwrap();
+    let step = call.step("charge").unwrap();
+    let other = Key::new(scope, "k1").unwrap();
+    vec![call, step, other]
+}
+
 /// Runs one sequence against `store`; the first answer the model does not allow is the
 /// error.
 async fn run_case(
@@ -216,9 +234,7 @@ async fn run_case(
     ops: &[Op],
     timing: Timing,
 ) -> Result<(), String> {
-    let keys: Vec<Key> = (0..KEYS)
-        .map(|i| Key::new(scope, format!("k{i}")).unwrap())
-        .collect();
+    let keys = case_keys(scope);
     let mut m = Model::default();
     let assigns_fences = store.capabilities().assigns_fences;
     let mut next_token = 1u64;
@@ -864,5 +880,81 @@ fn reliability_model_regressions() {
         if let Err(e) = rt.block_on(run_case(&store, &scope("regression"), &ops, PAUSED)) {
             panic!("{name}: {e}");
         }
+    }
+}
+
+/// A store that keeps each record under its key's id alone, every scope in one: the record
+/// of a call's step and the call's own record (the same id) are one record in it.
+#[derive(Debug)]
+struct ById<S>(S);
+
+fn by_id(key: &Key) -> Key {
+    Key::new("by-id", key.id()).unwrap()
+}
+
+#[async_trait]
+impl<S: Store> StoreWrapper for ById<S> {
+    type Inner = S;
+    fn inner(&self) -> &S {
+        &self.0
+    }
+    async fn claim(
+        &self,
+        key: &Key,
+        fp: &Fingerprint,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        self.0.claim(&by_id(key), fp, token, lease).await
+    }
+    async fn complete(
+        &self,
+        key: &Key,
+        token: Token,
+        payload: Bytes,
+        ttl: Duration,
+    ) -> Result<(), StoreError> {
+        self.0.complete(&by_id(key), token, payload, ttl).await
+    }
+    async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError> {
+        self.0.release(&by_id(key), token).await
+    }
+    async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
+        self.0.extend(&by_id(key), token, lease).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
+        self.0.get(&by_id(key)).await
+    }
+    async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
+        self.0.delete(&by_id(key)).await
+    }
+    async fn wait(&self, key: &Key, at_most: Duration) -> Result<(), StoreError> {
+        self.0.wait(&by_id(key), at_most).await
+    }
+}
+
+/// The model is not blind to step records: a store that mixes up a call's record and its
+/// step's (and is otherwise the memory store) breaks it, within the memory backend's cases.
+#[test]
+fn reliability_model_catches_a_store_that_mixes_up_a_call_and_its_step() {
+    let mut runner = TestRunner::new(Config {
+        cases: 256,
+        // A failure here is what the test wants: no seed is kept for it.
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let result = runner.run(&ops(), |ops| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let store = ById(idem_stores::MemoryStore::new());
+        rt.block_on(run_case(&store, &scope("by-id"), &ops, PAUSED))
+            .map_err(TestCaseError::fail)
+    });
+    match result {
+        Err(e) => eprintln!("reliability model: the store keyed by id alone is caught: {e}"),
+        Ok(()) => panic!("the model passed a store that keeps a step's record in its call's"),
     }
 }

@@ -319,7 +319,7 @@ where
 {
     let key = call.key;
     // What the body's steps record, and what they left at its end.
-    let journal = Journal::new(call, store.clone());
+    let journal = Journal::new(call, store.clone(), token, leased_at);
     // From here until the record is completed or released, dropping this future (or a panic
     // in the body) releases the claim in the background.
     let mut guard = ReleaseGuard::new(store, call.step_timeout, key.clone(), token);

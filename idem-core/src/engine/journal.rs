@@ -55,6 +55,10 @@ tokio::task_local! {
 pub(super) struct Journal {
     store: Arc<dyn Store>,
     key: Key,
+    /// The call's claim: its token, and when it was sent (its lease ends no sooner than a
+    /// lease after that).
+    token: Token,
+    claimed_at: Instant,
     ttl: Duration,
     lease: Duration,
     step_timeout: Duration,
@@ -84,10 +88,17 @@ pub(super) enum Ending {
 }
 
 impl Journal {
-    pub(super) fn new(call: &Steps<'_>, store: Arc<dyn Store>) -> Arc<Journal> {
+    pub(super) fn new(
+        call: &Steps<'_>,
+        store: Arc<dyn Store>,
+        token: Token,
+        claimed_at: Instant,
+    ) -> Arc<Journal> {
         Arc::new(Journal {
             store,
             key: call.key.clone(),
+            token,
+            claimed_at,
             ttl: call.ttl,
             lease: call.lease,
             step_timeout: call.step_timeout,
@@ -188,6 +199,29 @@ impl Journal {
         }
         state.names.push(name.to_owned());
         Ok(())
+    }
+
+    /// Whether the call is still this attempt's, before a step it claimed runs. An attempt
+    /// younger than a lease is (no successor can have taken the key over yet). An older
+    /// one may have lost it (its extends went unanswered, or it runs on with
+    /// [`LeaseLoss::Finish`]) to a successor that ran this step, stored the call's result
+    /// and deleted the step's record: the step's claim alone does not tell, so the call's
+    /// record is read, and unless this attempt still holds it, the step does not run.
+    async fn still_ours(&self, clock: &StoreClock) -> Result<(), Error> {
+        if Instant::now() < self.claimed_at + self.lease {
+            return Ok(());
+        }
+        let store = &*self.store;
+        let get = store.get(&self.key);
+        match store_step(store, clock, "get", self.step_timeout, get)
+            .await
+            .map_err(|source| store_error(&self.key, source))?
+        {
+            Some(Record::InProgress { token, .. }) if token == self.token => Ok(()),
+            _ => Err(Error::LeaseLost {
+                key: self.key.clone(),
+            }),
+        }
     }
 
     fn hold(&self, name: &str) {
@@ -451,6 +485,10 @@ where
         key.clone(),
         token,
     );
+    if let Err(e) = journal.still_ours(&clock).await {
+        guard.release(&clock).await;
+        return Err(e.into());
+    }
     let beat = with_heartbeat(&call, token, leased_at, f()).await;
     let Some(out) = beat.out else {
         guard.disarm();
