@@ -37,7 +37,10 @@ pub async fn charge_by_hand(req: ChargeRequest) -> Receipt {
     receipt
 }
 
-static BY_HAND_CHECKED: LazyLock<DashMap<String, (Vec<u8>, Vec<u8>)>> = LazyLock::new(DashMap::new);
+/// An order's entry: the request's JSON and the receipt's.
+type Checked = (Vec<u8>, Vec<u8>);
+
+static BY_HAND_CHECKED: LazyLock<DashMap<String, Checked>> = LazyLock::new(DashMap::new);
 
 /// The hand-written check that also compares the request, as idem's default fingerprint
 /// does: the stored entry keeps the request's JSON beside the receipt's, and a replay
