@@ -209,9 +209,10 @@ fn main() {
 
     // Beside criterion's results: the workspace's target directory, not this package's
     // (a bench runs in its package's directory).
-    let dir = std::path::PathBuf::from(std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| {
-        concat!(env!("CARGO_MANIFEST_DIR"), "/../target").to_string()
-    }))
+    let dir = std::path::PathBuf::from(
+        std::env::var("CARGO_TARGET_DIR")
+            .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../target").to_string()),
+    )
     .join("criterion")
     .join("memory_footprint");
     std::fs::create_dir_all(&dir).expect("the results directory");
