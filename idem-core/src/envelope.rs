@@ -78,7 +78,11 @@ pub(crate) fn open<'a, C: Codec>(
     }
     if bytes[6] == Kind::Held as u8 {
         // A hold is the same record whatever the call's codec and version: every call of
-        // the key must see it.
+        // the key must see it. Only the exact bytes `seal_held` writes are one: anything
+        // else of kind 2 is no record of this build's, never read as a hold.
+        if held_step(bytes).is_none() {
+            return Err(DecodeError::NotAnEnvelope);
+        }
         return Ok((Kind::Held, &bytes[HEADER..]));
     }
     if bytes[5] != codec.id() {
@@ -178,17 +182,25 @@ pub(crate) fn seal_held(step: &str) -> Vec<u8> {
     out
 }
 
-/// The name of the step whose unknown outcome holds this record, if it is a hold.
+/// The name of the step whose unknown outcome holds this record, if it is a hold: exactly
+/// what the engine writes (format 2, the JSON codec's id, result version 0, and
+/// `{"step":"<name>"}` with a valid step name); anything else is not a hold.
 pub fn held_step(bytes: &[u8]) -> Option<String> {
     let (header, payload) = header(bytes).ok()?;
-    if !header.held {
+    if !header.held
+        || header.format != FORMAT_VERSION
+        || header.codec != crate::codec::Json.id()
+        || header.version != 0
+    {
         return None;
     }
     #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
     struct Hold {
         step: String,
     }
-    serde_json::from_slice::<Hold>(payload).ok().map(|h| h.step)
+    let hold = serde_json::from_slice::<Hold>(payload).ok()?;
+    crate::engine::step_name_is_valid(&hold.step).then_some(hold.step)
 }
 
 /// Reads the header of a stored record and returns it with the codec's payload, checking
@@ -231,6 +243,42 @@ pub fn header(bytes: &[u8]) -> Result<(Header, &[u8]), DecodeError> {
 mod tests {
     use super::*;
     use crate::codec::Json;
+
+    #[test]
+    fn only_the_exact_bytes_of_a_hold_are_one() {
+        let hold = seal_held("charge");
+        assert_eq!(held_step(&hold).as_deref(), Some("charge"));
+        assert!(
+            matches!(open(&Json, 7, &hold), Ok((Kind::Held, _))),
+            "any version reads it"
+        );
+        let mut format_1 = hold.clone();
+        format_1[4] = FORMAT_V1;
+        let mut postcard = hold.clone();
+        postcard[5] = 2;
+        let mut versioned = hold.clone();
+        versioned[7] = 1;
+        let mut not_json = hold[..HEADER].to_vec();
+        not_json.extend_from_slice(b"charge");
+        let mut other_field = hold[..HEADER].to_vec();
+        other_field.extend_from_slice(br#"{"step":"charge","ran":true}"#);
+        let mut bad_name = hold[..HEADER].to_vec();
+        bad_name.extend_from_slice(br#"{"step":""}"#);
+        for bytes in [
+            format_1,
+            postcard,
+            versioned,
+            not_json,
+            other_field,
+            bad_name,
+        ] {
+            assert_eq!(held_step(&bytes), None, "{bytes:?}");
+            assert!(
+                matches!(open(&Json, 0, &bytes), Err(DecodeError::NotAnEnvelope)),
+                "{bytes:?}"
+            );
+        }
+    }
 
     #[test]
     fn round_trip_and_refusals() {

@@ -121,6 +121,16 @@ where
                     .expect("decoded a payload that is not JSON of the type");
                 assert_eq!(payload, v);
             }
+            // Only the exact bytes of a hold (format 2, JSON, version 0, `{"step":..}`
+            // with a valid name) hold a key.
+            Err(Error::OutcomeUnknown { key: k, step }) => {
+                assert_eq!(k, key);
+                assert_eq!(
+                    idem_core::envelope::held_step(&bytes).as_deref(),
+                    Some(step.as_str()),
+                    "{bytes:?} read as a hold it is not"
+                );
+            }
             Err(other) => panic!("arbitrary bytes answered {other:?}"),
         }
     });

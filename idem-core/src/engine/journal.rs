@@ -246,6 +246,11 @@ fn check_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `name` can name a step (see [`check_name`]).
+pub(crate) fn step_name_is_valid(name: &str) -> bool {
+    check_name(name).is_ok()
+}
+
 /// The key of the record of step `name` of the call keyed `parent`:
 /// `<scope>#step:<name>/<id>`.
 pub(crate) fn step_record_key(parent: &Key, name: &str) -> Result<Key, String> {

@@ -34,11 +34,11 @@ pub use builder::IdemBuilder;
 pub use call::{Answers, Call, CallWithOutcome, InProgress, LeaseLoss, MissingKey, RequestPrint};
 pub use complete::{Share, SharedValue, ValueEq, ValueOps};
 pub use context::fence;
-pub(crate) use journal::step_record_key;
 pub use journal::{
     step, step_key, Ambiguous, NeverUnknown, Resolution, Resolved, Step, Unresolved,
     MAX_STEP_NAME_LEN,
 };
+pub(crate) use journal::{step_name_is_valid, step_record_key};
 pub use outcome::{Origin, Outcome};
 
 use step::step as store_step;
