@@ -347,14 +347,13 @@ where
                 step,
             });
         }
-        // A step may have taken effect without its record: giving the claim back would let
-        // a retry run it again at once, so the claim ends with its lease instead.
-        (Ending::Unrecorded, Err(e)) if !guard.held_while(|| results.policy.cache(&e)) => {
-            guard.disarm();
-            return Ok(Happened::Released(e));
-        }
-        (_, Err(e)) if !guard.held_while(|| results.policy.cache(&e)) => {
-            guard.release(call.clock).await;
+        (ending, Err(e)) if !guard.held_while(|| results.policy.cache(&e)) => {
+            match ending {
+                // A step may have taken effect without its record: giving the claim back
+                // would let a retry run it again at once, so it ends with its lease instead.
+                Ending::Unrecorded => guard.disarm(),
+                _ => guard.release(call.clock).await,
+            }
             return Ok(Happened::Released(e));
         }
         (_, out) => out,

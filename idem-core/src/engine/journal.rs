@@ -469,7 +469,7 @@ where
         })?;
         return f().await;
     };
-    let key = step_record_key(&journal.key, name).map_err(|reason| journal.error(name, reason))?;
+    let key = journal.key.step(name)?;
     journal.enter(name)?;
     let clock = StoreClock::default();
     let call = journal.steps(&key, &clock);
@@ -678,11 +678,7 @@ impl Idem {
         step: &str,
         resolution: Resolution,
     ) -> Result<Resolved, Error> {
-        let record_key = step_record_key(key, step).map_err(|reason| Error::Step {
-            key: Some(key.clone()),
-            step: step.to_owned(),
-            reason,
-        })?;
+        let record_key = key.step(step)?;
         let inner = &*self.inner;
         let store = &*inner.store;
         let clock = StoreClock::default();
