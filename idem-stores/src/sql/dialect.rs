@@ -91,7 +91,8 @@ pub struct Statements {
     /// that deleted nothing: a repeat when there is none, fenced otherwise).
     pub exists: Sql,
     /// `get(key)`: the live record's columns (`completed`, `fingerprint`, `token`,
-    /// `payload`, `remaining_ms`).
+    /// `payload`, `remaining_ms`). A row whose `remaining_ms` is not positive has ended and
+    /// is read as no record: a dialect may return it rather than evaluate its clock twice.
     pub get: Sql,
     /// `delete(key)`: one row affected when a live record was deleted.
     pub delete: Sql,

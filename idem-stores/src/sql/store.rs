@@ -358,7 +358,9 @@ impl<D: Dialect> SqlStore<D> {
             .map_err(|e| self.error(e))?;
         let Some(row) = row else { return Ok(None) };
         let completed = D::flag(&row, Col::Name("completed")).map_err(|e| self.error(e))?;
-        self.live_row(&row, completed).map(Some)
+        let live = self.live_row(&row, completed)?;
+        // An ended row (see `Statements::get`) is no record.
+        Ok((live.remaining_ms > 0).then_some(live))
     }
 
     /// The live-record columns of `row`, as every dialect names them.

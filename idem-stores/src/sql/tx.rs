@@ -210,6 +210,9 @@ impl<D: Transactional> SqlStore<D> {
             let completed =
                 D::flag(&row, Col::Name("completed")).map_err(|e| store(self.error(e)))?;
             let live = self.live_row(&row, completed).map_err(store)?;
+            if live.remaining_ms <= 0 {
+                continue;
+            }
             if D::READS_BACK_TOKEN && live.token == token {
                 return Ok(Outcome::new(decoded, Origin::Ran));
             }
