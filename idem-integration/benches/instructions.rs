@@ -12,10 +12,11 @@
 //! on a 4-field request, and the hand-written `DashMap` plus JSON check. Without valgrind
 //! the bench says so and measures nothing.
 
-use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use idem::{Idem, MemoryStore};
+#[path = "support/callgrind.rs"]
+mod callgrind;
 #[path = "support/memory_pair.rs"]
 mod memory_pair;
 mod support;
@@ -38,75 +39,12 @@ const CASES: &[(&str, &str)] = &[
 const FEW: u64 = 200;
 const MANY: u64 = 1_200;
 
-const CHILD_CASE: &str = "IDEM_INSTRUCTIONS_CASE";
-const CHILD_CALLS: &str = "IDEM_INSTRUCTIONS_CALLS";
-
 fn main() {
-    if let (Ok(case), Ok(calls)) = (std::env::var(CHILD_CASE), std::env::var(CHILD_CALLS)) {
-        let calls: u64 = calls.parse().expect("a call count");
+    if let Some((case, calls)) = callgrind::child() {
         run_case(&case, calls);
         return;
     }
-    // `cargo test --benches` runs bench targets without `--bench`: nothing to measure then.
-    if !std::env::args().any(|a| a == "--bench") {
-        return;
-    }
-    if Command::new("valgrind").arg("--version").output().is_err() {
-        eprintln!("skipped: valgrind is not installed, so no instruction counts");
-        return;
-    }
-    let exe = std::env::current_exe().expect("this bench's path");
-    let dir = tempfile::tempdir().expect("a temporary directory");
-    let mut per_call = Vec::new();
-    for &(group, side) in CASES {
-        let case = format!("{group}/{side}");
-        let few = instructions(&exe, dir.path(), &case, FEW);
-        let many = instructions(&exe, dir.path(), &case, MANY);
-        let each = many.saturating_sub(few) as f64 / (MANY - FEW) as f64;
-        per_call.push((group, side, each));
-    }
-    println!("instructions per call (callgrind Ir, {FEW} and {MANY} calls):");
-    println!("| group | side | instructions | idem / baseline |");
-    println!("|---|---|---|---|");
-    for &(group, side, each) in &per_call {
-        let baseline = per_call
-            .iter()
-            .find(|(g, s, _)| *g == group && *s == "baseline")
-            .map(|(_, _, b)| *b)
-            .expect("every group has a baseline");
-        let ratio = if side == "baseline" {
-            "-".to_string()
-        } else {
-            format!("{:.2}x", each / baseline)
-        };
-        println!("| {group} | {side} | {each:.0} | {ratio} |");
-    }
-}
-
-/// The total instructions of a child making `calls` calls of `case`, under callgrind.
-fn instructions(exe: &std::path::Path, dir: &std::path::Path, case: &str, calls: u64) -> u64 {
-    let out_file = dir.join(format!("{}-{calls}.out", case.replace('/', "-")));
-    let status = Command::new("valgrind")
-        .arg("--tool=callgrind")
-        .arg(format!("--callgrind-out-file={}", out_file.display()))
-        .arg(exe)
-        .env(CHILD_CASE, case)
-        .env(CHILD_CALLS, calls.to_string())
-        .output()
-        .expect("run valgrind");
-    assert!(
-        status.status.success(),
-        "callgrind on {case}: {}",
-        String::from_utf8_lossy(&status.stderr)
-    );
-    let text = std::fs::read_to_string(&out_file).expect("callgrind's output file");
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix("summary:")
-                .or_else(|| l.strip_prefix("totals:"))
-        })
-        .and_then(|n| n.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no summary line in {}", out_file.display()))
+    callgrind::measure(CASES, FEW, MANY);
 }
 
 fn run_case(case: &str, calls: u64) {
