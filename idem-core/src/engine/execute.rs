@@ -397,14 +397,14 @@ impl Options {
             retry_after: self.retry_after.or(inner.retry_after),
             lease_loss: self.lease_loss.unwrap_or(inner.lease_loss),
         };
-        // The engine's own retry-after was checked when it was built.
-        let durations = [
-            ("ttl", call.ttl),
-            ("lease", call.lease),
-            ("wait_timeout", call.wait_timeout),
+        // Only the call's own: the engine's were checked when it was built.
+        let asked = [
+            ("ttl", self.ttl),
+            ("lease", self.lease),
+            ("wait_timeout", self.wait_timeout),
+            ("retry_after", self.retry_after),
         ];
-        let asked = self.retry_after.map(|d| ("retry_after", d));
-        for (option, d) in durations.into_iter().chain(asked) {
+        for (option, d) in asked.into_iter().filter_map(|(o, d)| Some((o, d?))) {
             if let Err(reason) = check_duration(d) {
                 return Err(Error::InvalidOption {
                     key: key.clone(),
