@@ -35,16 +35,12 @@ const CASES: &[(&str, &str)] = &[
     ("memory_first_call", "idem"),
 ];
 
-/// The two call counts whose difference is measured.
-const FEW: u64 = 200;
-const MANY: u64 = 1_200;
-
 fn main() {
     if let Some((case, calls)) = callgrind::child() {
         run_case(&case, calls);
         return;
     }
-    callgrind::measure(CASES, FEW, MANY);
+    callgrind::measure(CASES);
 }
 
 fn run_case(case: &str, calls: u64) {

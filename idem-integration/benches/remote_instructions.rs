@@ -15,6 +15,7 @@
 //! trip's client side (the driver, the runtime's wait for the socket) is, on both sides.
 //! A backend whose variable is unset is left out, with a line saying so.
 
+use std::future::Future;
 use std::hint::black_box;
 
 #[path = "support/callgrind.rs"]
@@ -29,11 +30,7 @@ use remote_pairs::{
     pg_charge_by_hand, redis_charge, redis_charge_by_hand, setup_mysql, setup_postgres,
     setup_redis, STORED,
 };
-use support::request;
-
-/// The two call counts whose difference is measured.
-const FEW: u64 = 200;
-const MANY: u64 = 1_200;
+use support::{request, ChargeRequest, Receipt};
 
 fn main() {
     if let Some((case, calls)) = callgrind::child() {
@@ -52,7 +49,7 @@ fn main() {
         }
         cases.extend([(backend, "baseline"), (backend, "idem")]);
     }
-    callgrind::measure(&cases, FEW, MANY);
+    callgrind::measure(&cases);
 }
 
 /// In a child: sets up the case's backend (its tables or key prefix, and the stored
@@ -64,46 +61,45 @@ fn run_case(case: &str, calls: u64) {
         .expect("a current-thread runtime");
     let (backend, side) = case.split_once('/').expect("a group/side case");
     let idem = side == "idem";
-    let requests: Vec<_> = (0..STORED).map(request).collect();
-    let nth = |i: u64| requests[(i % STORED) as usize].clone();
     rt.block_on(async {
         match backend {
             "redis_replay" => {
                 let prefix = setup_redis(&std::process::id().to_string())
                     .await
                     .expect("Redis is set up");
-                for i in 0..calls {
-                    black_box(if idem {
-                        redis_charge(nth(i)).await.expect("a replay")
-                    } else {
-                        redis_charge_by_hand(nth(i)).await
-                    });
-                }
+                replays(calls, idem, redis_charge, redis_charge_by_hand).await;
                 cleanup_redis(&prefix).await;
             }
             "postgres_replay" => {
                 let tables = setup_postgres().await.expect("Postgres is set up");
-                for i in 0..calls {
-                    black_box(if idem {
-                        pg_charge(nth(i)).await.expect("a replay")
-                    } else {
-                        pg_charge_by_hand(nth(i)).await
-                    });
-                }
+                replays(calls, idem, pg_charge, pg_charge_by_hand).await;
                 cleanup_postgres(&tables).await;
             }
             "mysql_replay" => {
                 let tables = setup_mysql().await.expect("MySQL is set up");
-                for i in 0..calls {
-                    black_box(if idem {
-                        my_charge(nth(i)).await.expect("a replay")
-                    } else {
-                        my_charge_by_hand(nth(i)).await
-                    });
-                }
+                replays(calls, idem, my_charge, my_charge_by_hand).await;
                 cleanup_mysql(&tables).await;
             }
             other => panic!("unknown case {other}"),
         }
     });
+}
+
+/// `calls` replays of the stored orders in turn, by the idem side or the hand-written one.
+async fn replays<I, IF, B, BF>(calls: u64, idem: bool, by_idem: I, by_hand: B)
+where
+    I: Fn(ChargeRequest) -> IF,
+    IF: Future<Output = Result<Receipt, idem::Error>>,
+    B: Fn(ChargeRequest) -> BF,
+    BF: Future<Output = Receipt>,
+{
+    let requests: Vec<_> = (0..STORED).map(request).collect();
+    for i in 0..calls {
+        let req = requests[(i % STORED) as usize].clone();
+        black_box(if idem {
+            by_idem(req).await.expect("a replay")
+        } else {
+            by_hand(req).await
+        });
+    }
 }

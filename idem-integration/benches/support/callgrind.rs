@@ -7,6 +7,10 @@
 use std::path::Path;
 use std::process::Command;
 
+/// The two call counts whose difference is measured.
+const FEW: u64 = 200;
+const MANY: u64 = 1_200;
+
 const CHILD_CASE: &str = "IDEM_INSTRUCTIONS_CASE";
 const CHILD_CALLS: &str = "IDEM_INSTRUCTIONS_CALLS";
 
@@ -19,10 +23,10 @@ pub fn child() -> Option<(String, u64)> {
     Some((case, calls.parse().expect("a call count")))
 }
 
-/// Counts each `(group, side)` case with `few` and `many` calls and prints the table of
+/// Counts each `(group, side)` case with `FEW` and `MANY` calls and prints the table of
 /// instructions per call, each side beside its group's `baseline`. Does nothing when the
 /// bench is not run with `--bench` (`cargo test --benches`), or without valgrind.
-pub fn measure(cases: &[(&str, &str)], few: u64, many: u64) {
+pub fn measure(cases: &[(&str, &str)]) {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
@@ -35,12 +39,12 @@ pub fn measure(cases: &[(&str, &str)], few: u64, many: u64) {
     let mut per_call = Vec::new();
     for &(group, side) in cases {
         let case = format!("{group}/{side}");
-        let fewer = instructions(&exe, dir.path(), &case, few);
-        let more = instructions(&exe, dir.path(), &case, many);
-        let each = more.saturating_sub(fewer) as f64 / (many - few) as f64;
+        let fewer = instructions(&exe, dir.path(), &case, FEW);
+        let more = instructions(&exe, dir.path(), &case, MANY);
+        let each = more.saturating_sub(fewer) as f64 / (MANY - FEW) as f64;
         per_call.push((group, side, each));
     }
-    println!("instructions per call (callgrind Ir, {few} and {many} calls):");
+    println!("instructions per call (callgrind Ir, {FEW} and {MANY} calls):");
     println!("| group | side | instructions | idem / baseline |");
     println!("|---|---|---|---|");
     for &(group, side, each) in &per_call {
