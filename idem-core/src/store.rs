@@ -311,6 +311,12 @@ pub struct Capabilities {
     /// written before fences existed), claims answer [`Fence::NONE`] and a body's
     /// [`fence()`](crate::fence) is `None`: there is nothing to fence its writes with.
     pub assigns_fences: bool,
+    /// [`Store::replace`] swaps a completed record for another, or deletes it, in one atomic
+    /// step that compares its payload first. Every built-in store replaces records; the
+    /// engine needs it to resolve a step's unknown outcome ([`Idem::resolve`](crate::Idem::resolve)),
+    /// and refuses to resolve on a store without it rather than risk deleting what another
+    /// resolution or a running attempt wrote.
+    pub replaces_records: bool,
 }
 
 impl Capabilities {
@@ -319,7 +325,14 @@ impl Capabilities {
         wakes_waiters: false,
         reports_recovery: false,
         assigns_fences: false,
+        replaces_records: false,
     };
+
+    /// Sets [`Capabilities::replaces_records`].
+    pub const fn with_replaces_records(mut self, yes: bool) -> Self {
+        self.replaces_records = yes;
+        self
+    }
 
     /// Sets [`Capabilities::assigns_fences`].
     pub const fn with_assigns_fences(mut self, yes: bool) -> Self {
@@ -400,6 +413,29 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Deletes whatever lives under `key`; whether there was something.
     async fn delete(&self, key: &Key) -> Result<bool, StoreError>;
 
+    /// In one atomic step: when the live record under `key` is a completed one whose payload
+    /// is exactly `expected`, replaces it by `new` and answers `true`; anything else (no live
+    /// record, an in-progress claim, another payload) is left as it is and answers `false`.
+    /// `new` is the payload that takes its place (the record keeps its fingerprint and lives
+    /// for the duration given, from now), or `None` to delete it.
+    ///
+    /// This is how a step's unknown outcome is resolved without ever deleting what another
+    /// resolution, or an attempt that started since, wrote. A store that offers it sets
+    /// [`Capabilities::replaces_records`]; the default answers a [`StoreError::Backend`]
+    /// saying it does not.
+    async fn replace(
+        &self,
+        key: &Key,
+        expected: &[u8],
+        new: Option<(Bytes, Duration)>,
+    ) -> Result<bool, StoreError> {
+        let _ = (key, expected, new);
+        Err(StoreError::Backend {
+            backend: self.backend(),
+            source: "this store does not replace records (`Store::replace`)".into(),
+        })
+    }
+
     /// Waits up to `at_most` for the record under `key` to change (complete or release).
     /// It may return early for no reason; callers claim again after it. The default sleeps
     /// `at_most`, and callers poll with capped backoff.
@@ -456,6 +492,9 @@ macro_rules! forward_store {
             }
             async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
                 (**self).delete(key).await
+            }
+            async fn replace(&self, key: &Key, expected: &[u8], new: Option<(Bytes, Duration)>) -> Result<bool, StoreError> {
+                (**self).replace(key, expected, new).await
             }
             async fn wait(&self, key: &Key, at_most: Duration) -> Result<(), StoreError> {
                 (**self).wait(key, at_most).await

@@ -33,7 +33,11 @@
 //! Timing: leases and ttls in the suite are a few hundred milliseconds of real time, so the
 //! suite runs against remote stores whose clock is their own.
 
+mod replace;
 mod skips;
+
+#[doc(hidden)]
+pub use replace::*;
 
 pub use skips::skip;
 #[doc(hidden)]
@@ -1525,6 +1529,9 @@ macro_rules! __conformance_behaviours {
             dedup_marks_once_and_tells_duplicates,
             dedup_concurrent_deliveries_have_one_first,
             dedup_refuses_a_reused_id_with_another_payload,
+            replace_swaps_only_the_completed_payload_it_expects,
+            replace_sets_the_new_records_ttl,
+            concurrent_replaces_have_one_winner,
         ]}
     };
 }
@@ -1561,9 +1568,13 @@ mod tests {
     /// Every scenario function is in the list that `conformance_tests!` stamps.
     #[test]
     fn every_scenario_is_stamped() {
-        let src = include_str!("testing.rs");
+        let src = [
+            include_str!("testing.rs"),
+            include_str!("testing/replace.rs"),
+        ];
         let scenarios: Vec<&str> = src
-            .lines()
+            .iter()
+            .flat_map(|file| file.lines())
             .filter_map(|l| l.strip_prefix("pub async fn "))
             .filter_map(|l| l.split('(').next())
             .collect();

@@ -104,6 +104,16 @@ pub trait StoreWrapper: Send + Sync + fmt::Debug + 'static {
         self.inner().delete(key).await
     }
 
+    /// [`Store::replace`]; the inner store's unless overridden.
+    async fn replace(
+        &self,
+        key: &Key,
+        expected: &[u8],
+        new: Option<(Bytes, Duration)>,
+    ) -> Result<bool, StoreError> {
+        self.inner().replace(key, expected, new).await
+    }
+
     /// [`Store::wait`]; the inner store's unless overridden.
     async fn wait(&self, key: &Key, at_most: Duration) -> Result<(), StoreError> {
         self.inner().wait(key, at_most).await
@@ -158,6 +168,14 @@ impl<W: StoreWrapper> Store for W {
     }
     async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
         StoreWrapper::delete(self, key).await
+    }
+    async fn replace(
+        &self,
+        key: &Key,
+        expected: &[u8],
+        new: Option<(Bytes, Duration)>,
+    ) -> Result<bool, StoreError> {
+        StoreWrapper::replace(self, key, expected, new).await
     }
     async fn wait(&self, key: &Key, at_most: Duration) -> Result<(), StoreError> {
         StoreWrapper::wait(self, key, at_most).await

@@ -442,6 +442,47 @@ impl Store for MemoryStore {
         Ok(removed.is_some_and(|(_, state)| state.ends_at() > now))
     }
 
+    async fn replace(
+        &self,
+        key: &Key,
+        expected: &[u8],
+        new: Option<(Bytes, Duration)>,
+    ) -> Result<bool, StoreError> {
+        let now = Instant::now();
+        let Entry::Occupied(mut entry) = self.shared.records.entry(key.clone()) else {
+            return Ok(false);
+        };
+        let State::Completed {
+            fingerprint,
+            token,
+            payload,
+            expires_at,
+        } = entry.get()
+        else {
+            return Ok(false);
+        };
+        if *expires_at <= now || payload[..] != *expected {
+            return Ok(false);
+        }
+        match new {
+            Some((payload, ttl)) => {
+                let (fingerprint, token) = (*fingerprint, *token);
+                entry.insert(State::Completed {
+                    fingerprint,
+                    token,
+                    payload,
+                    expires_at: later(now, ttl),
+                });
+            }
+            None => {
+                entry.remove();
+            }
+        }
+        drop(entry);
+        self.wake(key);
+        Ok(true)
+    }
+
     async fn wait(&self, key: &Key, at_most: Duration) -> Result<(), StoreError> {
         // The guard leaves the map when the wait ends or is cancelled (the caller's timeout
         // or a dropped call drops this future at the `.await`), not only when it returns.
@@ -464,6 +505,7 @@ impl Store for MemoryStore {
             .with_wakes_waiters(true)
             .with_reports_recovery(true)
             .with_assigns_fences(true)
+            .with_replaces_records(true)
     }
 
     fn backend(&self) -> &'static str {
