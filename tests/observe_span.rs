@@ -247,6 +247,50 @@ async fn all_outcomes(spans: &Spans) {
     assert_eq!(outcome_of(spans), "store_error");
 }
 
+/// A memory store whose steps on a step's record each take 20 ms.
+#[derive(Debug)]
+struct SlowSteps(MemoryStore);
+
+#[async_trait]
+impl idem::StoreWrapper for SlowSteps {
+    type Inner = MemoryStore;
+    fn inner(&self) -> &MemoryStore {
+        &self.0
+    }
+    async fn claim(
+        &self,
+        key: &Key,
+        fp: &Fingerprint,
+        token: Token,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        if key.scope().contains("#step:") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.0.claim(key, fp, token, lease).await
+    }
+}
+
+/// A call's store time counts its steps' store steps too.
+async fn steps_count_in_store_seconds(spans: &Spans) {
+    let idem = Idem::new(SlowSteps(MemoryStore::new()));
+    let _ = spans.take_calls();
+    let _: u32 = idem
+        .call(key("steps"), Fingerprint::NONE)
+        .run_fallible(|| async {
+            idem::step("charge", || async { Ok::<_, idem::Error>(1u32) }).await
+        })
+        .await
+        .unwrap();
+    let calls = spans.take_calls();
+    assert_eq!(calls.len(), 1);
+    let in_store: f64 = calls[0].fields["store_seconds"].parse().unwrap();
+    assert!(
+        in_store >= 0.02,
+        "the step's claim (20 ms) is not in the call's store time: {in_store}"
+    );
+}
+
 /// The same span on a real store: a SQLite file, whose steps take real time.
 #[cfg(feature = "sqlite")]
 async fn on_sqlite(spans: &Spans) {
@@ -289,6 +333,7 @@ fn idem_call_span_fields_outcomes_and_nesting() {
         .build()
         .unwrap();
     rt.block_on(all_outcomes(&spans));
+    rt.block_on(steps_count_in_store_seconds(&spans));
     #[cfg(feature = "sqlite")]
     rt.block_on(on_sqlite(&spans));
 }

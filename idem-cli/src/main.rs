@@ -106,13 +106,13 @@ enum Command {
         /// The step did not take effect: the next attempt runs it.
         #[arg(long)]
         not_ran: bool,
-        /// With `--ran`: the step's value as JSON, what the step would have returned
-        /// (`'"ch_1"'`, `'{"id":"ch_1"}'`). `null`, the default, is what a step returning
-        /// `()` stores.
+        /// With `--ran` (required there): the step's value as JSON, what the step would
+        /// have returned (`'"ch_1"'`, `'{"id":"ch_1"}'`; `null` for a step returning `()`).
+        /// A value the step's type cannot decode holds the key again at its next call.
         #[arg(long, conflicts_with = "not_ran")]
         value: Option<String>,
-        /// With `--ran`: how long the step's record lives, in seconds (default 86400, the
-        /// engine's default ttl; give the service's ttl when it is not the default).
+        /// With `--ran`: how long the step's record lives, in seconds (default: what the
+        /// hold had left).
         #[arg(long, conflicts_with = "not_ran")]
         ttl: Option<u64>,
     },
@@ -414,7 +414,9 @@ async fn run(command: Command) -> Result<(String, u8), Failure> {
             let key = parse_key(&key)?;
             let record = key.step(&step)?;
             let resolution = if ran {
-                let value = value.as_deref().unwrap_or("null");
+                let Some(value) = value.as_deref() else {
+                    return Err(Failure(USAGE, "--ran needs --value: the step's value as JSON, what the step would have returned (e.g. '\"ch_1\"'; 'null' for a step returning ())".into()));
+                };
                 let value: Value = serde_json::from_str(value).map_err(|e| {
                     Failure(USAGE, format!("--value is not JSON ({e}): give it as the step's value would be serialized, e.g. '\"ch_1\"' or '{{\"id\":\"ch_1\"}}'"))
                 })?;
@@ -422,19 +424,30 @@ async fn run(command: Command) -> Result<(String, u8), Failure> {
             } else {
                 Resolution::NotRan
             };
-            let ttl = ttl.unwrap_or(idem_core::DEFAULT_TTL.as_secs());
-            if ttl == 0 {
+            if ttl == Some(0) {
                 return Err(Failure(USAGE, "--ttl must be at least 1 second".into()));
             }
             let store = open(&target, false).await?;
             let call = store.describe(&key).await?;
             let step_record = store.describe(&record).await?;
+            // What the hold had left: the step's, else the key's (a hold the step's record
+            // could not get), else the engine's default.
+            let hold_left = [&step_record, &call]
+                .into_iter()
+                .flatten()
+                .find_map(|info| {
+                    let held = info.payload.as_deref().and_then(envelope::held_step);
+                    held.map(|_| info.time_left)
+                });
+            let ttl = match ttl {
+                Some(secs) => Duration::from_secs(secs),
+                None => hold_left
+                    .filter(|left| *left >= Duration::from_millis(1))
+                    .unwrap_or(idem_core::DEFAULT_TTL),
+            };
             // The engine's own resolution, on the opened store: the step's record first,
             // then the key's hold, each as a service's engine writes them.
-            let idem = Idem::builder()
-                .store(store)
-                .ttl(Duration::from_secs(ttl))
-                .build()?;
+            let idem = Idem::builder().store(store).ttl(ttl).build()?;
             let ran_text = if ran { "ran" } else { "not ran" };
             let resolved = if ran { "ran" } else { "not_ran" };
             // As `delete` does: what happened on stdout (JSON with `--json`), and the exit
@@ -444,6 +457,11 @@ async fn run(command: Command) -> Result<(String, u8), Failure> {
                     json!({ "key": key.as_str(), "step": step, "resolved": resolved }),
                     format!("step `{step}` of `{key}` is resolved as {ran_text}; the key is no longer held, and its next call runs the steps not done"),
                     0,
+                ),
+                Resolved::AlreadyResolved => (
+                    json!({ "key": key.as_str(), "step": step, "resolved": null, "already_resolved": true }),
+                    format!("step `{step}` of `{key}` was already resolved by another resolution, whose record stands (`idem steps` shows it); the key's hold it left is lifted"),
+                    NOT_POSSIBLE,
                 ),
                 _ if call.is_none() && step_record.is_none() => (
                     json!({ "key": key.as_str(), "step": step, "resolved": null }),

@@ -520,7 +520,15 @@ async fn steps_flow(url: &str, store: impl Store, flags: &[&str]) {
     assert!(text.contains("held_by_step: charge"), "{text}");
 
     // Resolving another step, or a key with no record, is refused; a bad value is usage.
-    let (code, text, err) = cmd(&["resolve", url, "shop::checkout/order-43", "email", "--ran"]);
+    let (code, _, err) = cmd(&["resolve", url, "shop::checkout/order-43", "charge", "--ran"]);
+    assert_eq!(code, 2, "--ran without --value was taken: {err}");
+    assert!(err.contains("--ran needs --value"), "{err}");
+    let v = ["--value", "null"];
+    let (code, text, err) = cmd(&[
+        &["resolve", url, "shop::checkout/order-43", "email", "--ran"][..],
+        &v,
+    ]
+    .concat());
     assert_eq!(code, 3, "{err}");
     assert!(
         text.contains("held by step `charge`, not `email`"),
@@ -532,12 +540,18 @@ async fn steps_flow(url: &str, store: impl Store, flags: &[&str]) {
         "shop::checkout/order-43",
         "email",
         "--ran",
+        "--value",
+        "null",
         "--json",
     ]);
     let refused: Value = serde_json::from_str(&refused.1).unwrap();
     assert_eq!(refused["resolved"], Value::Null);
     assert_eq!(refused["held_by"], "charge");
-    let (code, text, err) = cmd(&["resolve", url, "shop::checkout/order-99", "charge", "--ran"]);
+    let (code, text, err) = cmd(&[
+        &["resolve", url, "shop::checkout/order-99", "charge", "--ran"][..],
+        &v,
+    ]
+    .concat());
     assert_eq!(code, 4, "{err}");
     assert!(text.contains("nothing to resolve"), "{text}");
     let (code, _, err) = cmd(&["steps", url, "shop::checkout/order-99", "charge"]);
@@ -578,7 +592,11 @@ async fn steps_flow(url: &str, store: impl Store, flags: &[&str]) {
         2,
         "the resolved charge was not run again"
     );
-    let (code, _, _) = cmd(&["resolve", url, "shop::checkout/order-43", "charge", "--ran"]);
+    let (code, _, _) = cmd(&[
+        &["resolve", url, "shop::checkout/order-43", "charge", "--ran"][..],
+        &v,
+    ]
+    .concat());
     assert_eq!(code, 3, "resolved once, not held any more");
 
     // Held again, resolved as not ran: the next attempt charges.

@@ -121,7 +121,9 @@ impl Decision {
             Error::Store { source, .. } if source.is_temporary() => Decision::Redeliver {
                 after: Decision::SOON,
             },
-            Error::OutcomeUnknown { .. } => Decision::Hold {
+            // Not held in the store either: redelivered soon, it could run the step again
+            // once the claim's lease ends, so it waits as a held one does.
+            Error::OutcomeUnknown { .. } | Error::OutcomeNotHeld { .. } => Decision::Hold {
                 after: Decision::HELD,
             },
             Error::Store { .. }

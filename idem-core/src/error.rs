@@ -123,6 +123,21 @@ pub enum Error {
         /// The step whose outcome is unknown.
         step: String,
     },
+    /// A step's outcome is unknown, as for [`Error::OutcomeUnknown`], but the key could not
+    /// be held for it: the store refused or failed the hold's write for as long as the
+    /// claim's lease lasted. Nothing stops a retry after that lease from running the step
+    /// again, so find out what the step did (under its [`step_key`](crate::step_key)) before
+    /// retrying; `source` is the store's error.
+    #[error("the outcome of step `{step}` of idempotency key `{key}` is unknown, and the key could not be held for it: a retry after the claim's lease may run the step again")]
+    OutcomeNotHeld {
+        /// The key of the whole operation.
+        key: Key,
+        /// The step whose outcome is unknown.
+        step: String,
+        /// Why the hold was not stored.
+        #[source]
+        source: Box<Error>,
+    },
     /// A step ([`step`](crate::step)) that cannot run as written: outside the body of an
     /// idempotent call, a name that is not valid, or a name the body already used.
     #[error("step `{}` {}: {reason}", crate::key::shown(step), key.as_ref().map(|k| format!("of idempotency key `{k}`")).unwrap_or_else(|| "outside any idempotent call".into()))]
@@ -158,6 +173,7 @@ impl Error {
             | Error::Store { key, .. }
             | Error::InvalidOption { key, .. }
             | Error::OutcomeUnknown { key, .. }
+            | Error::OutcomeNotHeld { key, .. }
             | Error::WaitTimeout { key, .. } => Some(key),
             Error::Step { key, .. } => key.as_ref(),
             Error::InvalidKey { .. }

@@ -977,6 +977,171 @@ async fn unknown_outcome_holds_until_resolved(backend: Backend) {
     );
 }
 
+// --- 6. a step belongs to its call's payload ---------------------------------------------
+
+/// An attempt with amount 100 charges in a step, then fails (its claim released); a retry
+/// of the key with amount 5000 is `KeyReuse` before any step replays, and the first
+/// payload's retry resumes after its charge.
+async fn a_step_belongs_to_its_calls_payload(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = url(backend, dir.path()) else {
+        return;
+    };
+    let idem = engine(open(&url).await, LONG_LEASE);
+    let k = key(&unique(&format!("{backend:?}-payload")));
+    let charges = AtomicU32::new(0);
+    let pay = |amount: u32, fail: bool| {
+        let charges = &charges;
+        idem.call(k.clone(), Fingerprint::of(&amount))
+            .run_fallible(move || async move {
+                let charge = idem::step("charge", || async move {
+                    charges.fetch_add(1, SeqCst);
+                    Ok::<_, Error>(format!("ch_for_{amount}"))
+                })
+                .await?;
+                match fail {
+                    true => Err(Error::Config {
+                        message: "stock changed".into(),
+                        source: None,
+                    }),
+                    false => Ok(format!("order paid {amount} with {charge}")),
+                }
+            })
+    };
+    assert!(pay(100, true).await.is_err());
+    let other = pay(5000, false).await;
+    assert!(
+        matches!(other, Err(Error::KeyReuse { .. })),
+        "{backend:?}: another payload replayed the first one's charge: {other:?}"
+    );
+    assert_eq!(
+        pay(100, false).await.unwrap(),
+        "order paid 100 with ch_for_100"
+    );
+    assert_eq!(charges.load(SeqCst), 1, "{backend:?}: charged twice");
+}
+
+// --- 7. resolutions racing, from every caller of a held key -------------------------------
+
+/// How many held keys the race resolves (times `IDEM_RELIABILITY_SCALE`).
+const RACE_KEYS: usize = 100;
+/// How many callers retry each held key at once, spread over [`RACE_ENGINES`] engines on
+/// connections of their own (standing for processes).
+const RACE_CALLERS: usize = 8;
+const RACE_ENGINES: usize = 4;
+
+/// Held keys, each retried by eight callers at once, whose reconcile hooks (one per engine)
+/// answer "ran" after 0 to 4 ms: no charge runs a second time, no attempt loses its claim
+/// to a resolution, and every caller gets the resolved value or a clean `OutcomeUnknown` /
+/// `InProgress`.
+async fn resolutions_race_from_every_caller(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(url) = url(backend, dir.path()) else {
+        return;
+    };
+    let scale: usize = std::env::var("IDEM_RELIABILITY_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    let keys = RACE_KEYS * scale;
+    let started = Instant::now();
+    let mut engines = Vec::new();
+    let first = open(&url).await;
+    for e in 0..RACE_ENGINES {
+        // A connection of its own per engine, but one memory store for all.
+        let store = match (e, backend) {
+            (0, _) | (_, Backend::Memory) => first.clone(),
+            _ => open(&url).await,
+        };
+        engines.push(
+            Idem::builder()
+                .shared_store(store)
+                .lease(LONG_LEASE)
+                .in_progress(InProgress::Wait)
+                .wait_timeout(WAIT)
+                .reconcile(|u: Unresolved| async move {
+                    // 0 to 4 ms, from the key's id and the moment.
+                    let nanos = SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .map_or(0, |d| d.subsec_nanos());
+                    let pause = (u64::from(nanos) + u.key().id().len() as u64) % 5;
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                    Resolution::ran("ch_1").ok()
+                })
+                .build()
+                .unwrap(),
+        );
+    }
+    let run = unique(&format!("{backend:?}-race"));
+    let charges: Arc<Vec<AtomicU32>> = Arc::new((0..keys).map(|_| AtomicU32::new(0)).collect());
+    let call = |idem: Idem, i: usize, ambiguous: bool| {
+        let (charges, k) = (charges.clone(), key(&format!("{run}-{i}")));
+        async move {
+            idem.call(k, Fingerprint::NONE)
+                .run_fallible(move || async move {
+                    Step::new("charge")
+                        .unknown_if(|_: &Error| true)
+                        .run(|| async move {
+                            charges[i].fetch_add(1, SeqCst);
+                            match ambiguous {
+                                true => Err(Error::Config {
+                                    message: "the gateway timed out".into(),
+                                    source: None,
+                                }),
+                                false => Ok(String::from("ch_again")),
+                            }
+                        })
+                        .await
+                })
+                .await
+        }
+    };
+    // Hold every key.
+    for chunk in (0..keys).collect::<Vec<_>>().chunks(50) {
+        let holds = chunk.iter().map(|&i| call(engines[0].clone(), i, true));
+        for out in join_all(holds).await {
+            assert!(matches!(out, Err(Error::OutcomeUnknown { .. })), "{out:?}");
+        }
+    }
+    let (mut lease_lost, mut answered) = (0, 0);
+    for chunk in (0..keys).collect::<Vec<_>>().chunks(25) {
+        let retries = chunk.iter().flat_map(|&i| {
+            let engines = &engines;
+            let call = &call;
+            (0..RACE_CALLERS).map(move |c| call(engines[c % RACE_ENGINES].clone(), i, false))
+        });
+        for out in join_all(retries).await {
+            match out {
+                Ok(value) => {
+                    assert_eq!(value, "ch_1", "{backend:?}");
+                    answered += 1;
+                }
+                Err(Error::LeaseLost { .. }) => lease_lost += 1,
+                Err(Error::OutcomeUnknown { .. } | Error::InProgress { .. }) => {}
+                Err(e) => panic!("{backend:?}: {e}"),
+            }
+        }
+    }
+    let twice = charges.iter().filter(|c| c.load(SeqCst) > 1).count();
+    assert_eq!(twice, 0, "{backend:?}: {twice} keys charged twice");
+    assert_eq!(
+        lease_lost, 0,
+        "{backend:?}: resolutions ended running attempts"
+    );
+    // Every key is resolved: its next call answers the value.
+    for i in 0..keys {
+        assert_eq!(
+            call(engines[0].clone(), i, false).await.unwrap(),
+            "ch_1",
+            "{backend:?}"
+        );
+    }
+    println!(
+        "reliability steps {backend:?}: {keys} held keys, {RACE_CALLERS} callers each on {RACE_ENGINES} engines, resolved by their hooks: 0 charged twice, 0 lease lost, {answered} callers answered at once, in {:.1?}",
+        started.elapsed()
+    );
+}
+
 // --- one test per store and scenario -----------------------------------------------------
 
 macro_rules! every_store {
@@ -1009,6 +1174,16 @@ macro_rules! every_store {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn reliability_steps_unknown_outcome() {
                 unknown_outcome_holds_until_resolved($backend).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn reliability_steps_belong_to_their_calls_payload() {
+                a_step_belongs_to_its_calls_payload($backend).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn reliability_steps_resolutions_race_from_every_caller() {
+                resolutions_race_from_every_caller($backend).await;
             }
         }
     )*};

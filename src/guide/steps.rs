@@ -75,10 +75,23 @@
 //! - A later attempt of the same key replays every step that completed and runs the rest:
 //!   after the body returned an `Err` that is not cached (the call's claim is given back), a
 //!   panic, a dropped future, or a crash and the takeover of its lease by another caller.
+//! - A step's record carries its call's fingerprint: a later attempt of the key with another
+//!   payload (the amount changed between a failed attempt and its retry) is
+//!   [`Error::KeyReuse`](crate::Error::KeyReuse) at its first step that has a record, and
+//!   the call answers `KeyReuse` whatever its body returned; it never replays the other
+//!   payload's steps. Code before that first step runs again, as any code outside steps
+//!   does on every attempt.
 //! - A step that returns an `Err` stores nothing: the next attempt runs it again. A step
 //!   whose effect may have happened without its record being stored (its lease was lost, its
 //!   value could not be encoded or stored) keeps the call's claim until its lease ends,
-//!   rather than let a retry run it again at once.
+//!   rather than let a retry run it again at once: also when the body then returns an `Err`,
+//!   panics or is dropped.
+//! - A step starts only while its own claim and the call's lease are both live by the
+//!   holder's clock: a store answer that came late (a claim, the check that an old attempt
+//!   still holds its call) may describe a lease that has ended since, and then the step does
+//!   not run and the attempt answers [`Error::LeaseLost`](crate::Error::LeaseLost). With
+//!   `LeaseLoss::Cancel`, a body is dropped when its lease ends by its clock, even while an
+//!   extend is still on its way.
 //! - Once the call's result is stored, its step records are deleted (in the background); one
 //!   left behind expires with the call's `ttl`, and no call reads it while the result lives.
 //! - Two attempts never run one step at once: an attempt that finds a step's record claimed
@@ -120,7 +133,9 @@
 //!   `Resolution::NotRan` (the next attempt runs it);
 //! - by the engine's reconcile hook, [`IdemBuilder::reconcile`](crate::IdemBuilder::reconcile),
 //!   which a call that finds its key held asks first (it gets the key, the step and the
-//!   step's [`step_key`](crate::Unresolved::step_key), to ask the provider);
+//!   step's [`step_key`](crate::Unresolved::step_key), to ask the provider). In one process
+//!   the hook runs once per held key at a time, and the key's other callers wait for its
+//!   answer;
 //! - or from a shell, by the admin command, on the service's store URL:
 //!
 //! ```sh
@@ -174,6 +189,28 @@
 //!
 //! </details>
 //!
+//! A resolution writes the step's record, then lifts the key's hold, each only while it is
+//! still the hold it read ([`Store::replace`](crate::Store::replace), a compare-and-set on
+//! every built-in store). So resolutions racing each other (every caller's hook, an
+//! operator at the same time) store one answer: [`Resolved::Resolved`](crate::Resolved) for
+//! the one that wrote it, `NotHeld` or `AlreadyResolved` for the others; and a resolution
+//! never touches the claim of an attempt that started after the key was released. A
+//! resolution that cannot store its value is an error, and the key stays held: the store
+//! failed, or the step's record is still claimed by the attempt that could not write its
+//! hold (resolve again once that claim's lease has ended). A value that does not decode
+//! into the step's type (a `--value` of the wrong shape) holds the key again at its next
+//! call, naming the step: it is never read as "no record", which would run the step again.
+//!
+//! A hold waits for a person. It lives until it is resolved (or for
+//! [`IdemBuilder::hold_ttl`](crate::IdemBuilder::hold_ttl), when one is set), not for the
+//! call's `ttl`: a hold that expired would let the next call run the ambiguous step again.
+//! Each call that finds a key held logs a warning with the key and the step, and with the
+//! `metrics` feature counts `idem_held_total{scope,step}`: page on it. When the hold itself
+//! cannot be written (the store refuses for as long as the claim's lease lasts), the call
+//! answers [`Error::OutcomeNotHeld`](crate::Error::OutcomeNotHeld): the step's outcome is
+//! unknown and nothing holds the key, so find out what the step did before retrying; the
+//! claim is kept until its lease ends, and the call is counted as `outcome_not_held`.
+//!
 //! A held key is not an error to retry: [`Error::is_retryable`](crate::Error::is_retryable)
 //! is false. The [HTTP layer](super::http) answers it 409 `urn:idem:problem:outcome-unknown`
 //! with no `Retry-After` (the retrying client stops), and
@@ -196,3 +233,35 @@
 //!   key and step name, the same on every attempt of the parent.
 //!
 //! The two combine: a step whose body is a nested call keyed by that step's `step_key`.
+//!
+//! ## Steps in an HTTP handler
+//!
+//! Behind the [HTTP layer](super::http) the handler's body is the call's body: steps work
+//! in an axum handler as in any idempotent call. What the handler answers after a partial
+//! failure decides what the retry does:
+//!
+//! - A response the layer stores (any 2xx, 4xx or 5xx not listed below) ends the key: every
+//!   retry gets that response, and no later step ever runs. A plain 500 after the charge is
+//!   what the customer's retries get, forever: not what a partial failure wants.
+//! - A response the layer does not store gives the key back, so the retry runs the handler
+//!   again, which replays the completed steps and runs the rest: a status in
+//!   `unstored_statuses` (401, 403, 408, 409, 429 by default) or a response carrying
+//!   [`RetrySafe`](crate::http::RetrySafe) in its extensions. Answer a partial failure
+//!   that a retry can finish with one of those, `503` with `RetrySafe` say.
+//! - A step whose outcome is unknown answers 409 `outcome-unknown` whatever the handler
+//!   returned, until it is resolved.
+//!
+//! ```ignore
+//! async fn checkout(Json(order): Json<Order>) -> Response {
+//!     let charge = idem::step("charge", || gateway.charge(&order, idem::step_key("charge")?)).await;
+//!     let Ok(charge) = charge else {
+//!         // Nothing charged for sure: the retry runs the handler again.
+//!         return (StatusCode::SERVICE_UNAVAILABLE, RetrySafe).into_response();
+//!     };
+//!     if idem::step("email", || mailer.receipt(&order, &charge)).await.is_err() {
+//!         // Charged, the email failed: the retry replays the charge and sends it.
+//!         return (StatusCode::SERVICE_UNAVAILABLE, RetrySafe).into_response();
+//!     }
+//!     (StatusCode::CREATED, Json(charge)).into_response()
+//! }
+//! ```

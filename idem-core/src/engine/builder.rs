@@ -14,7 +14,7 @@ use crate::codec::BuiltinCodec;
 use crate::error::Error;
 use crate::store::Store;
 
-use super::journal::{Reconciler, Resolution, Unresolved};
+use super::resolve::{Reconciler, Resolution, Unresolved};
 
 /// Builds an [`Idem`]: `Idem::builder().store(s).ttl(...).build()`.
 ///
@@ -34,6 +34,7 @@ pub struct IdemBuilder {
     lease_loss: LeaseLoss,
     local_cache: Option<(usize, Duration)>,
     reconciler: Option<Hook>,
+    hold_ttl: Option<Duration>,
 }
 
 /// The reconcile hook, as the builder keeps it (its `Debug` does not show the closure).
@@ -144,6 +145,17 @@ impl IdemBuilder {
         self
     }
 
+    /// How long a hold lives unresolved: the records that hold a key whose step's outcome
+    /// is unknown ([`Step::unknown_if`](crate::Step::unknown_if)). By default a hold lives
+    /// until it is resolved (100 years, the longest duration), since a hold that expired
+    /// would let the next call run the ambiguous step again: a person or the reconcile hook
+    /// decides, never the clock. Set one only where a step run twice is acceptable after
+    /// that long.
+    pub fn hold_ttl(mut self, ttl: Duration) -> Self {
+        self.hold_ttl = Some(ttl);
+        self
+    }
+
     /// The reconcile hook: user code that finds out what happened to a step whose outcome
     /// was unknown ([`Step::unknown_if`](crate::Step::unknown_if)), usually by asking the
     /// system the step called under its [`step_key`](crate::step_key). A call that finds
@@ -151,6 +163,11 @@ impl IdemBuilder {
     /// [`Idem::resolve`] does) and the call goes on, running the body, which replays the
     /// steps that completed and runs the rest; `None` (the hook does not know yet) answers
     /// [`Error::OutcomeUnknown`] as without a hook.
+    ///
+    /// In one process the hook runs once per held key at a time: the key's other callers
+    /// meanwhile wait for its answer (and claim again if it resolved the key). Across
+    /// processes each may ask its own hook; one resolution is stored, and the others find
+    /// the step resolved ([`Idem::resolve`]).
     ///
     /// ```
     /// use idem::{Idem, MemoryStore, Resolution};
@@ -186,12 +203,14 @@ impl IdemBuilder {
         let lease = self.lease.unwrap_or(DEFAULT_LEASE);
         let wait_timeout = self.wait_timeout.unwrap_or(DEFAULT_WAIT_TIMEOUT);
         let step_timeout = self.step_timeout.unwrap_or(DEFAULT_STEP_TIMEOUT);
+        let hold_ttl = self.hold_ttl.unwrap_or(MAX_DURATION);
         let retry_after = self.retry_after.map(|d| ("retry_after", d));
         for (name, d) in [
             ("ttl", ttl),
             ("lease", lease),
             ("wait_timeout", wait_timeout),
             ("step_timeout", step_timeout),
+            ("hold_ttl", hold_ttl),
         ]
         .into_iter()
         .chain(retry_after)
@@ -215,6 +234,8 @@ impl IdemBuilder {
                 retry_after: self.retry_after,
                 lease_loss: self.lease_loss,
                 reconciler: self.reconciler.map(|hook| hook.0),
+                reconciling: Default::default(),
+                hold_ttl,
                 cache: self
                     .local_cache
                     .filter(|(capacity, _)| *capacity > 0)

@@ -80,6 +80,9 @@ pub(super) async fn store_result(
     let (store, key, step_timeout) = (call.store, call.key, call.step_timeout);
     let mut attempt = 1u32;
     let mut backoff = FIRST_COMPLETE_BACKOFF;
+    // The error of the attempt before, if it failed: the cause a later attempt cut short by
+    // the lease's end would otherwise hide behind its timeout.
+    let mut earlier: Option<StoreError> = None;
     loop {
         let left = lease_ends.saturating_duration_since(Instant::now());
         let limit = if attempt == 1 && left.is_zero() {
@@ -87,6 +90,7 @@ pub(super) async fn store_result(
         } else {
             step_timeout.min(left)
         };
+        let cut = limit < step_timeout;
         let complete = store.complete(key, token, sealed.clone(), call.ttl);
         let res = step(store, call.clock, "complete", limit, complete).await;
         match res {
@@ -99,6 +103,10 @@ pub(super) async fn store_result(
                 return Err(Error::LeaseLost { key: key.clone() });
             }
             Err(e) if e.is_temporary() => {
+                let e = match (e, earlier.take()) {
+                    (StoreError::Timeout { .. }, Some(cause)) if cut => cause,
+                    (e, _) => e,
+                };
                 let left = lease_ends.saturating_duration_since(Instant::now());
                 if left <= backoff {
                     // No time for another attempt within the lease. Releasing would invite
@@ -112,6 +120,7 @@ pub(super) async fn store_result(
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_COMPLETE_BACKOFF);
                 attempt += 1;
+                earlier = Some(e);
             }
             Err(source) => {
                 // The body ran but its result is not stored. Releasing would invite a

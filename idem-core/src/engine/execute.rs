@@ -14,7 +14,7 @@ use super::complete::{check_round_trip, decode, store_result, ErrorPolicy, Value
 use super::context::with_fence;
 use super::heartbeat::with_heartbeat;
 use super::journal::{self, Ending, Journal};
-use super::observe::{count_call, outcome_label, InFlight, StoreClock};
+use super::observe::{count_call, count_held, outcome_label, InFlight, StoreClock};
 use super::release::ReleaseGuard;
 use super::step::Steps;
 use super::{Call, Inner, MissingKey, Origin, RequestPrint};
@@ -101,7 +101,7 @@ impl<C: Codec> Call<'_, C> {
             }
         }
         let _in_flight = InFlight::start();
-        let clock = StoreClock::for_span(&span);
+        let clock = Arc::new(StoreClock::for_span(&span));
         // Without a local cache there is nothing to look up: the span is not entered for it
         // (entering and leaving a span costs a replay more than the check, also with no
         // subscriber, when `tracing`'s `log` feature is on).
@@ -179,7 +179,7 @@ impl<C: Codec> Call<'_, C> {
         body: F,
         policy: P,
         ops: ValueOps<T>,
-        clock: &StoreClock,
+        clock: &Arc<StoreClock>,
     ) -> Result<Happened<T, E>, Error>
     where
         F: FnOnce() -> Fut,
@@ -222,9 +222,11 @@ impl<C: Codec> Call<'_, C> {
                     // The key is held by a step whose outcome is unknown: the engine's
                     // reconcile hook, if it knows what happened, resolves it, and the call
                     // claims again (once).
-                    Err(Error::OutcomeUnknown { step, .. })
-                        if !reconciled && Box::pin(idem.reconcile(&key, &step)).await? =>
-                    {
+                    Err(Error::OutcomeUnknown { step, .. }) if !reconciled => {
+                        count_held(&key, &step);
+                        if !Box::pin(idem.reconcile(&key, &step)).await? {
+                            return Err(Error::OutcomeUnknown { key, step });
+                        }
                         reconciled = true;
                     }
                     out => {
@@ -240,8 +242,13 @@ impl<C: Codec> Call<'_, C> {
                     leased_at,
                     fence,
                 } => {
-                    let (store, claim) = (inner.store.clone(), (token, leased_at, fence));
-                    return Box::pin(first_run(&call, results, store, claim, body)).await;
+                    let run = Run {
+                        store: inner.store.clone(),
+                        clock: clock.clone(),
+                        hold_ttl: inner.hold_ttl,
+                        claim: (token, leased_at, fence),
+                    };
+                    return Box::pin(first_run(&call, results, run, body)).await;
                 }
             }
         }
@@ -298,6 +305,15 @@ impl<C: Codec, P, T: Serialize + DeserializeOwned> Results<'_, C, P, T> {
     }
 }
 
+/// What a first run holds besides the call: the store, the call's clock, how long a hold
+/// lives, and the claim `(token, leased_at, fence)`.
+struct Run {
+    store: Arc<dyn Store>,
+    clock: Arc<StoreClock>,
+    hold_ttl: std::time::Duration,
+    claim: (Token, Instant, Option<Fence>),
+}
+
 /// A first run, under the claim `(token, leased_at, fence)`: the body under a heartbeat
 /// (and with its fence for [`fence()`](crate::fence)), then the
 /// claim given back (an error not to keep) or the outcome checked and stored. It owns
@@ -306,8 +322,7 @@ impl<C: Codec, P, T: Serialize + DeserializeOwned> Results<'_, C, P, T> {
 async fn first_run<C, T, E, F, Fut, P>(
     call: &Steps<'_>,
     results: Results<'_, C, P, T>,
-    store: Arc<dyn Store>,
-    (token, leased_at, fence): (Token, Instant, Option<Fence>),
+    run: Run,
     body: F,
 ) -> Result<Happened<T, E>, Error>
 where
@@ -318,13 +333,23 @@ where
     P: ErrorPolicy<E>,
 {
     let key = call.key;
+    let Run {
+        store,
+        clock,
+        hold_ttl,
+        claim: (token, leased_at, fence),
+    } = run;
     // What the body's steps record, and what they left at its end.
-    let journal = Journal::new(call, store.clone(), token, leased_at);
+    let journal = Journal::new(call, store.clone(), clock, (token, leased_at), hold_ttl);
     // From here until the record is completed or released, dropping this future (or a panic
-    // in the body) releases the claim in the background.
+    // in the body) releases the claim in the background, unless a step may have acted
+    // without its record: a retry at once would run it again.
     let mut guard = ReleaseGuard::new(store, call.step_timeout, key.clone(), token);
+    let in_doubt = journal.clone();
+    guard.keep_when(move || in_doubt.in_doubt());
     let body = journal.scope(with_fence(fence, body()));
-    let beat = with_heartbeat(call, token, leased_at, body).await;
+    let mark = Some(journal.call_lease());
+    let beat = with_heartbeat(call, token, leased_at, mark, body).await;
     let Some(out) = beat.out else {
         // The lease was lost and the body dropped before its end: the key is another
         // caller's, or may be at any moment, so there is nothing of ours to give back.
@@ -341,11 +366,32 @@ where
         (Ending::Held(step), _) => {
             guard.disarm();
             let hold = Bytes::from(envelope::seal_held(&step));
-            store_result(call, token, &hold, beat.leased_at + call.lease).await?;
+            let held = Steps {
+                ttl: hold_ttl,
+                ..*call
+            };
+            if let Err(e) = store_result(&held, token, &hold, beat.leased_at + call.lease).await {
+                tracing::error!(target: "idem", key = %key, step = %step, error = %e,
+                    "the step's outcome is unknown and the key could not be held for it: a retry after the lease may run it again");
+                return Err(Error::OutcomeNotHeld {
+                    key: key.clone(),
+                    step,
+                    source: Box::new(e),
+                });
+            }
             return Err(Error::OutcomeUnknown {
                 key: key.clone(),
                 step,
             });
+        }
+        // A step's record belongs to another payload of the key: this payload is refused,
+        // whatever the body answered.
+        (Ending::Reused { unrecorded }, _) => {
+            match unrecorded {
+                true => guard.disarm(),
+                false => guard.release(call.clock).await,
+            }
+            return Err(Error::KeyReuse { key: key.clone() });
         }
         (ending, Err(e)) if !guard.held_while(|| results.policy.cache(&e)) => {
             match ending {

@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::pin::{pin, Pin};
+use std::sync::Mutex;
 use std::task::Poll;
 
 use tokio::time::Instant;
@@ -26,6 +27,24 @@ pub(super) struct Beat<O> {
     pub(super) leased_at: Instant,
 }
 
+/// When a lease last secured began, by this process's clock, as its heartbeat moves it:
+/// what the body's steps read before each one runs.
+pub(super) struct LeaseMark(Mutex<Instant>);
+
+impl LeaseMark {
+    pub(super) fn new(at: Instant) -> Self {
+        LeaseMark(Mutex::new(at))
+    }
+
+    pub(super) fn get(&self) -> Instant {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set(&self, at: Instant) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = at;
+    }
+}
+
 /// Polls `body` to completion while extending the lease every third of its length. Each
 /// extend is bounded by the step timeout: one that hangs is abandoned, and the next beat
 /// tries again, so one stuck connection does not stop the heartbeat.
@@ -35,11 +54,15 @@ pub(super) struct Beat<O> {
 /// (an outage, or answers lost on the way back): the store may have ended it, and a
 /// successor may be running, so the body is dropped. With [`LeaseLoss::Finish`] the body
 /// runs on, and its result is offered to the store as before, which takes it if the lease
-/// was in fact extended.
+/// was in fact extended. An extend still in flight when the lease ends by this process's
+/// clock does not keep the body running: its answer may come too late to matter.
+///
+/// `mark`, when given, follows the start of the lease last secured.
 pub(super) async fn with_heartbeat<O>(
     call: &Steps<'_>,
     token: Token,
     leased_at: Instant,
+    mark: Option<&LeaseMark>,
     body: impl Future<Output = O>,
 ) -> Beat<O> {
     let (store, key, lease) = (call.store, call.key, call.lease);
@@ -77,6 +100,9 @@ pub(super) async fn with_heartbeat<O>(
                 match res {
                     Ok(()) => {
                         leased_at = sent_at;
+                        if let Some(mark) = mark {
+                            mark.set(sent_at);
+                        }
                         tracing::trace!(target: "idem", key = %key, "lease extended");
                     }
                     Err(StoreError::Fenced) => {
@@ -88,8 +114,9 @@ pub(super) async fn with_heartbeat<O>(
                         "could not extend the lease; trying again at the next beat"),
                 }
             }
-            // An extend still in flight may yet secure the lease: its answer decides.
-            _ = tokio::time::sleep_until(leased_at + lease), if cancel && extending.is_none() && !lost => {
+            // An extend still in flight does not keep the body past its lease: a successor
+            // may take the key over the moment the lease ends, whatever the answer says.
+            _ = tokio::time::sleep_until(leased_at + lease), if cancel && !lost => {
                 lost = true;
                 tracing::warn!(target: "idem", key = %key, token = %token,
                     "lease lost while the body runs: no extend succeeded for a whole lease");

@@ -17,7 +17,6 @@
 //! step is resolved ([`Idem::resolve`], the engine's reconcile hook, or `idem resolve`).
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,16 +26,16 @@ use tokio::time::Instant;
 
 use super::claim::{claim_or_wait, Claimed};
 use super::complete::store_result;
-use super::heartbeat::with_heartbeat;
+use super::heartbeat::{with_heartbeat, LeaseMark};
 use super::observe::StoreClock;
 use super::release::ReleaseGuard;
 use super::step::{step as store_step, store_error, Steps};
-use super::{Idem, InProgress, LeaseLoss};
+use super::{InProgress, LeaseLoss};
 use crate::codec::Json;
 use crate::envelope::{self, Kind};
 use crate::error::Error;
 use crate::key::Key;
-use crate::store::{Claim, Fingerprint, Record, Store, Token};
+use crate::store::{Fingerprint, Record, Store, Token};
 
 /// The longest step name, in bytes.
 pub const MAX_STEP_NAME_LEN: usize = 64;
@@ -55,11 +54,21 @@ tokio::task_local! {
 pub(super) struct Journal {
     store: Arc<dyn Store>,
     key: Key,
+    /// The call's fingerprint: each step's record carries it, so that an attempt with
+    /// another payload is refused at its first step instead of replaying another's.
+    fingerprint: Fingerprint,
+    /// The call's clock: its steps' store time counts in the call's span.
+    clock: Arc<StoreClock>,
     /// The call's claim: its token, and when it was sent (its lease ends no sooner than a
     /// lease after that).
     token: Token,
     claimed_at: Instant,
+    /// When the call's lease last secured began, by this process's clock: the claim, then
+    /// each extend the store confirmed.
+    call_lease: LeaseMark,
     ttl: Duration,
+    /// How long a hold lives, unresolved.
+    hold_ttl: Duration,
     lease: Duration,
     step_timeout: Duration,
     lease_loss: LeaseLoss,
@@ -75,6 +84,8 @@ struct State {
     /// A step may have taken effect without its record being stored: the call's claim must
     /// not be given back (a retry at once would run the step again), only end with its lease.
     unrecorded: bool,
+    /// A step's record belongs to another payload: the call is [`Error::KeyReuse`].
+    reused: bool,
 }
 
 /// How a body's attempt ended, as its steps left it.
@@ -83,6 +94,11 @@ pub(super) enum Ending {
     Clean,
     /// The outcome of this step is unknown: the key is to be held.
     Held(String),
+    /// A step's record belongs to another payload of the key.
+    Reused {
+        /// A step of this attempt may also have taken effect without its record.
+        unrecorded: bool,
+    },
     /// A step may have taken effect without its record: keep the claim until its lease ends.
     Unrecorded,
 }
@@ -91,15 +107,20 @@ impl Journal {
     pub(super) fn new(
         call: &Steps<'_>,
         store: Arc<dyn Store>,
-        token: Token,
-        claimed_at: Instant,
+        clock: Arc<StoreClock>,
+        (token, claimed_at): (Token, Instant),
+        hold_ttl: Duration,
     ) -> Arc<Journal> {
         Arc::new(Journal {
             store,
             key: call.key.clone(),
+            fingerprint: call.fingerprint,
+            clock,
             token,
             claimed_at,
+            call_lease: LeaseMark::new(claimed_at),
             ttl: call.ttl,
+            hold_ttl,
             lease: call.lease,
             step_timeout: call.step_timeout,
             lease_loss: call.lease_loss,
@@ -120,11 +141,25 @@ impl Journal {
     /// What the attempt's steps left.
     pub(super) fn ending(&self) -> Ending {
         let state = self.state();
-        match (&state.held, state.unrecorded) {
-            (Some(step), _) => Ending::Held(step.clone()),
-            (None, true) => Ending::Unrecorded,
-            (None, false) => Ending::Clean,
+        match (&state.held, state.reused, state.unrecorded) {
+            (Some(step), _, _) => Ending::Held(step.clone()),
+            (None, true, unrecorded) => Ending::Reused { unrecorded },
+            (None, false, true) => Ending::Unrecorded,
+            (None, false, false) => Ending::Clean,
         }
+    }
+
+    /// Whether a step of this attempt may have acted without its record, or left its
+    /// outcome unknown: then the call's claim is never given back, not even by a panic or
+    /// a drop, only left to end with its lease.
+    pub(super) fn in_doubt(&self) -> bool {
+        let state = self.state();
+        state.held.is_some() || state.unrecorded
+    }
+
+    /// The call's lease, as its heartbeat secures it.
+    pub(super) fn call_lease(&self) -> &LeaseMark {
+        &self.call_lease
     }
 
     /// Deletes the step records of this attempt, now that the call's result is stored: in
@@ -153,13 +188,13 @@ impl Journal {
         });
     }
 
-    fn steps<'c>(&'c self, key: &'c Key, clock: &'c StoreClock) -> Steps<'c> {
+    fn steps<'c>(&'c self, key: &'c Key) -> Steps<'c> {
         Steps {
             store: &*self.store,
-            clock,
+            clock: &self.clock,
             step_timeout: self.step_timeout,
             key,
-            fingerprint: Fingerprint::NONE,
+            fingerprint: self.fingerprint,
             ttl: self.ttl,
             lease: self.lease,
             // An earlier attempt may still be in this step (its holder was taken over but
@@ -207,13 +242,13 @@ impl Journal {
     /// [`LeaseLoss::Finish`]) to a successor that ran this step, stored the call's result
     /// and deleted the step's record: the step's claim alone does not tell, so the call's
     /// record is read, and unless this attempt still holds it, the step does not run.
-    async fn still_ours(&self, clock: &StoreClock) -> Result<(), Error> {
+    async fn still_ours(&self) -> Result<(), Error> {
         if Instant::now() < self.claimed_at + self.lease {
             return Ok(());
         }
         let store = &*self.store;
         let get = store.get(&self.key);
-        match store_step(store, clock, "get", self.step_timeout, get)
+        match store_step(store, &self.clock, "get", self.step_timeout, get)
             .await
             .map_err(|source| store_error(&self.key, source))?
         {
@@ -231,6 +266,18 @@ impl Journal {
 
     fn unrecorded(&self) {
         self.state().unrecorded = true;
+    }
+
+    fn reused(&self) {
+        self.state().reused = true;
+    }
+
+    /// Whether both the step's claim (leased at `step_leased_at`) and the call's are live
+    /// now by this process's clock: a store's answer that arrived late (a claim, a `get`)
+    /// may describe a lease that has ended since, and a successor may run the step.
+    fn both_leases_live(&self, step_leased_at: Instant) -> bool {
+        let now = Instant::now();
+        now < step_leased_at + self.lease && now < self.call_lease.get() + self.lease
     }
 }
 
@@ -422,10 +469,11 @@ impl<'n> Step<'n> {
     /// call then stores no result and gives nothing back, but holds the key: every later
     /// call answers [`Error::OutcomeUnknown`] until the step is resolved.
     ///
-    /// A hold lasts as long as a result would (the call's `ttl`): a key still unresolved
-    /// then is forgotten like an expired result, and its next call runs the body, this
-    /// step included, again. Resolve held keys well within the ttl (the reconcile hook
-    /// does it on the next call; `idem resolve` by hand).
+    /// A hold lives until it is resolved (the reconcile hook on the next call,
+    /// [`Idem::resolve`](crate::Idem::resolve), or `idem resolve` by hand), not for the
+    /// call's `ttl`; or for [`IdemBuilder::hold_ttl`](crate::IdemBuilder::hold_ttl) when the
+    /// engine sets one. When the hold cannot be written, the call answers
+    /// [`Error::OutcomeNotHeld`] instead.
     pub fn unknown_if<E, P: FnOnce(&E) -> bool>(self, ambiguous: P) -> Step<'n, P> {
         Step {
             name: self.name,
@@ -471,15 +519,22 @@ where
     };
     let key = journal.key.step(name)?;
     journal.enter(name)?;
-    let clock = StoreClock::default();
-    let call = journal.steps(&key, &clock);
+    let call = journal.steps(&key);
     let (token, leased_at) = match claim_or_wait(&call).await {
         Ok(Claimed::Completed { payload, .. }) => {
-            return replay(&journal, name, &key, &payload).map_err(E::from)
+            return replay(&journal, name, &key, payload).await.map_err(E::from)
         }
         Ok(Claimed::Ours {
             token, leased_at, ..
         }) => (token, leased_at),
+        Err(Error::KeyReuse { .. }) => {
+            // The step's record was written by an attempt with another payload.
+            journal.reused();
+            return Err(Error::KeyReuse {
+                key: journal.key.clone(),
+            }
+            .into());
+        }
         Err(e) => return Err(e.into()),
     };
     // Dropped or panicking before its record is written, the step gives its claim back,
@@ -490,11 +545,22 @@ where
         key.clone(),
         token,
     );
-    if let Err(e) = journal.still_ours(&clock).await {
-        guard.release(&clock).await;
+    let live = match journal.still_ours().await {
+        Ok(()) if journal.both_leases_live(leased_at) => Ok(()),
+        Ok(()) => {
+            tracing::warn!(target: "idem", key = %key,
+                "the step does not run: its claim or the call's lease ended while the store answered");
+            Err(Error::LeaseLost {
+                key: journal.key.clone(),
+            })
+        }
+        Err(e) => Err(e),
+    };
+    if let Err(e) = live {
+        guard.release(call.clock).await;
         return Err(e.into());
     }
-    let beat = with_heartbeat(&call, token, leased_at, f()).await;
+    let beat = with_heartbeat(&call, token, leased_at, None, f()).await;
     let Some(out) = beat.out else {
         guard.disarm();
         journal.unrecorded();
@@ -529,14 +595,18 @@ where
     // Asking runs the user's predicate: a panic there keeps the step's claim, as an error
     // that cannot be judged may be one whose effect happened.
     if !guard.held_while(|| unknown_if.ambiguous(&e)) {
-        guard.release(&clock).await;
+        guard.release(call.clock).await;
         return Err(e);
     }
     guard.disarm();
     tracing::warn!(target: "idem", key = %journal.key, step = name,
         "the step's outcome is unknown: the key is held until it is resolved");
     let hold = Bytes::from(envelope::seal_held(name));
-    if store_result(&call, token, &hold, lease_ends).await.is_err() {
+    let held = Steps {
+        ttl: journal.hold_ttl,
+        ..journal.steps(&key)
+    };
+    if store_result(&held, token, &hold, lease_ends).await.is_err() {
         journal.unrecorded();
     }
     journal.hold(name);
@@ -557,211 +627,51 @@ fn seal_step<T: Serialize + DeserializeOwned>(key: &Key, value: &T) -> Result<(B
         })
 }
 
-/// An earlier attempt's record of a step: its value, or its hold.
-fn replay<T: DeserializeOwned>(
+/// An earlier attempt's record of a step: its value, or its hold. A value that does not
+/// decode into the step's type (a resolution that wrote the wrong type, say) is not taken
+/// for "no record", which would run the step again: its record becomes a hold (only if it
+/// still holds that value), and the key is held for the step.
+async fn replay<T: DeserializeOwned>(
     journal: &Journal,
     name: &str,
     key: &Key,
-    payload: &[u8],
+    payload: Bytes,
 ) -> Result<T, Error> {
-    if envelope::held_step(payload).is_some() {
+    let held = || Error::OutcomeUnknown {
+        key: journal.key.clone(),
+        step: name.to_owned(),
+    };
+    if envelope::held_step(&payload).is_some() {
         journal.hold(name);
-        return Err(Error::OutcomeUnknown {
-            key: journal.key.clone(),
-            step: name.to_owned(),
-        });
+        return Err(held());
     }
-    tracing::debug!(target: "idem", key = %key, "step replayed");
-    envelope::open_value(&Json, 0, payload).map_err(|source| Error::Decode {
-        key: key.clone(),
-        source,
-    })
-}
-
-/// How a step whose outcome was unknown is resolved: see [`Idem::resolve`].
-#[derive(Debug, Clone, PartialEq)]
-pub enum Resolution {
-    /// The step took effect, with this value (what the step would have returned, as JSON):
-    /// later attempts get it as the step's value.
-    Ran(serde_json::Value),
-    /// The step did not take effect: the next attempt runs it.
-    NotRan,
-}
-
-impl Resolution {
-    /// [`Resolution::Ran`] with `value`, as JSON.
-    pub fn ran<T: Serialize + ?Sized>(value: &T) -> Result<Resolution, serde_json::Error> {
-        serde_json::to_value(value).map(Resolution::Ran)
-    }
-}
-
-/// A step whose outcome is unknown, as the reconcile hook sees it
-/// ([`IdemBuilder::reconcile`](crate::IdemBuilder::reconcile)).
-#[derive(Debug, Clone)]
-pub struct Unresolved {
-    key: Key,
-    step: String,
-}
-
-impl Unresolved {
-    /// The call's key.
-    pub fn key(&self) -> &Key {
-        &self.key
-    }
-
-    /// The step's name.
-    pub fn step(&self) -> &str {
-        &self.step
-    }
-
-    /// The key the step handed on, if it used [`step_key`]: ask the system it called what
-    /// happened under it.
-    pub fn step_key(&self) -> String {
-        provider_key(&self.key, &self.step).unwrap_or_default()
-    }
-}
-
-/// The engine's reconcile hook, type-erased.
-pub(super) type Reconciler = Arc<
-    dyn Fn(Unresolved) -> Pin<Box<dyn Future<Output = Option<Resolution>> + Send>> + Send + Sync,
->;
-
-/// What [`Idem::resolve`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Resolved {
-    /// The step was held and is resolved; the key is no longer held.
-    Resolved,
-    /// Neither the step nor the key was held: nothing was changed.
-    NotHeld,
-}
-
-impl Idem {
-    /// Resolves the step `step` of `key`, whose outcome was unknown: as [`Resolution::Ran`]
-    /// (with the value later attempts get) or [`Resolution::NotRan`] (the next attempt runs
-    /// it). The key is then no longer held, and its next call runs the body, which replays
-    /// the steps that completed and runs the rest.
-    ///
-    /// The step's record is written first and the key's hold deleted after, so a resolution
-    /// cut short is repeated safely. Resolve a step once: two resolutions racing each other
-    /// may each let an attempt start (each step still runs at most once, as its record is
-    /// claimed, but one of the attempts may end in [`Error::LeaseLost`]).
-    ///
-    /// ```
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), idem::Error> {
-    /// use idem::{Error, Fingerprint, Idem, Key, MemoryStore, Resolution, Step};
-    /// let idem = Idem::new(MemoryStore::new());
-    /// let key = Key::new("shop::checkout", "o-1")?;
-    /// let checkout = |fail: bool| {
-    ///     idem.call(key.clone(), Fingerprint::NONE).run_fallible(move || async move {
-    ///         Step::new("charge")
-    ///             .unknown_if(|e: &Error| matches!(e, Error::WaitTimeout { .. }))
-    ///             .run(|| async move {
-    ///                 if fail {
-    ///                     return Err(Error::WaitTimeout { key: Key::new("gateway", "x")?, waited: Default::default() });
-    ///                 }
-    ///                 Ok("ch_new".to_string())
-    ///             })
-    ///             .await
-    ///     })
-    /// };
-    /// assert!(checkout(true).await.is_err());
-    /// assert!(matches!(checkout(false).await, Err(Error::OutcomeUnknown { .. })), "held");
-    /// idem.resolve(&key, "charge", Resolution::ran("ch_1").unwrap()).await?;
-    /// assert_eq!(checkout(false).await?, "ch_1", "the resolved value, not a second charge");
-    /// # Ok(()) }
-    /// ```
-    pub async fn resolve(
-        &self,
-        key: &Key,
-        step: &str,
-        resolution: Resolution,
-    ) -> Result<Resolved, Error> {
-        let record_key = key.step(step)?;
-        let inner = &*self.inner;
-        let store = &*inner.store;
-        let clock = StoreClock::default();
-        let limit = inner.step_timeout;
-        let on = |k: &Key| {
-            let k = k.clone();
-            move |source| store_error(&k, source)
-        };
-        let step_held = match store_step(store, &clock, "get", limit, store.get(&record_key))
-            .await
-            .map_err(on(&record_key))?
-        {
-            Some(Record::Completed { payload, .. }) => envelope::held_step(&payload).is_some(),
-            _ => false,
-        };
-        let key_held = match store_step(store, &clock, "get", limit, store.get(key))
-            .await
-            .map_err(on(key))?
-        {
-            Some(Record::Completed { payload, .. }) => {
-                envelope::held_step(&payload).as_deref() == Some(step)
-            }
-            _ => false,
-        };
-        if !step_held && !key_held {
-            return Ok(Resolved::NotHeld);
+    let error = match envelope::open_value(&Json, 0, &payload) {
+        Ok(value) => {
+            tracing::debug!(target: "idem", key = %key, "step replayed");
+            return Ok(value);
         }
-        if step_held {
-            store_step(store, &clock, "delete", limit, store.delete(&record_key))
-                .await
-                .map_err(on(&record_key))?;
+        Err(error) => error,
+    };
+    tracing::warn!(target: "idem", key = %journal.key, step = name, %error,
+        "the step's stored value does not decode into its type: the key is held until the step is resolved");
+    journal.hold(name);
+    let store = &*journal.store;
+    if store.capabilities().replaces_records {
+        let hold = Bytes::from(envelope::seal_held(name));
+        let replace = store.replace(key, &payload, Some((hold, journal.hold_ttl)));
+        let replaced = store_step(
+            store,
+            &journal.clock,
+            "replace",
+            journal.step_timeout,
+            replace,
+        );
+        if let Err(e) = replaced.await {
+            tracing::warn!(target: "idem", key = %key, error = %e,
+                "could not write the step's hold over its undecodable value");
         }
-        if let Resolution::Ran(value) = &resolution {
-            let sealed =
-                envelope::seal(&Json, Kind::Value, 0, value).map_err(|source| Error::Encode {
-                    key: record_key.clone(),
-                    source,
-                })?;
-            let token = Token::random();
-            let lease = inner.lease;
-            let claim = store.claim(&record_key, &Fingerprint::NONE, token, lease);
-            let claimed = store_step(store, &clock, "claim", limit, claim)
-                .await
-                .map_err(on(&record_key))?;
-            if let Claim::Acquired { .. } = claimed {
-                let complete = store.complete(&record_key, token, Bytes::from(sealed), inner.ttl);
-                store_step(store, &clock, "complete", limit, complete)
-                    .await
-                    .map_err(on(&record_key))?;
-            }
-        }
-        if key_held {
-            store_step(store, &clock, "delete", limit, store.delete(key))
-                .await
-                .map_err(on(key))?;
-        }
-        if let Some(cache) = &inner.cache {
-            cache.remove(key);
-        }
-        tracing::info!(target: "idem", key = %key, step, ran = matches!(resolution, Resolution::Ran(_)),
-            "the step's unknown outcome is resolved");
-        Ok(Resolved::Resolved)
     }
-
-    /// Asks the engine's reconcile hook about the step holding `key`, and resolves it when
-    /// the hook knows: `true` if the key is no longer held.
-    pub(super) async fn reconcile(&self, key: &Key, step: &str) -> Result<bool, Error> {
-        let Some(hook) = &self.inner.reconciler else {
-            return Ok(false);
-        };
-        let unresolved = Unresolved {
-            key: key.clone(),
-            step: step.to_owned(),
-        };
-        let started = Instant::now();
-        let Some(resolution) = hook(unresolved).await else {
-            tracing::debug!(target: "idem", key = %key, step, "the reconcile hook does not know the step's outcome");
-            return Ok(false);
-        };
-        tracing::debug!(target: "idem", key = %key, step, took = ?started.elapsed(), "reconciled");
-        self.resolve(key, step, resolution).await?;
-        Ok(true)
-    }
+    Err(held())
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ mod journal;
 mod observe;
 mod outcome;
 mod release;
+mod resolve;
 pub(crate) mod run;
 mod step;
 
@@ -34,12 +35,10 @@ pub use builder::IdemBuilder;
 pub use call::{Answers, Call, CallWithOutcome, InProgress, LeaseLoss, MissingKey, RequestPrint};
 pub use complete::{Share, SharedValue, ValueEq, ValueOps};
 pub use context::fence;
-pub use journal::{
-    step, step_key, Ambiguous, NeverUnknown, Resolution, Resolved, Step, Unresolved,
-    MAX_STEP_NAME_LEN,
-};
+pub use journal::{step, step_key, Ambiguous, NeverUnknown, Step, MAX_STEP_NAME_LEN};
 pub(crate) use journal::{step_name_is_valid, step_record_key};
 pub use outcome::{Origin, Outcome};
+pub use resolve::{Resolution, Resolved, Unresolved};
 
 use step::step as store_step;
 
@@ -102,7 +101,11 @@ struct Inner {
     retry_after: Option<Duration>,
     lease_loss: LeaseLoss,
     /// The hook that reconciles steps whose outcome is unknown, if any.
-    reconciler: Option<journal::Reconciler>,
+    reconciler: Option<resolve::Reconciler>,
+    /// The held keys whose hook runs now.
+    reconciling: resolve::Reconciling,
+    /// How long a hold lives unresolved.
+    hold_ttl: Duration,
     cache: Option<LocalCache>,
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::execute::Happened;
 use crate::error::Error;
+use crate::key::Key;
 
 /// The time one call has spent in store steps so far: every store step goes through
 /// [`step`](super::step::step), which adds to the clock of its call. Atomic so that the
@@ -67,6 +68,7 @@ pub(super) fn outcome_label<T, E>(happened: &Result<Happened<T, E>, Error>) -> &
         Err(Error::KeyReuse { .. }) => "key_reuse",
         Err(Error::LeaseLost { .. }) => "lease_lost",
         Err(Error::OutcomeUnknown { .. }) => "outcome_unknown",
+        Err(Error::OutcomeNotHeld { .. }) => "outcome_not_held",
         Err(Error::Store { .. } | Error::Decode { .. }) => "store_error",
         // A call refused before it reached the store (a bad option, a missing key) or a
         // result its codec cannot carry.
@@ -87,6 +89,17 @@ pub(super) fn store_step(
         .record(took.as_secs_f64());
     #[cfg(not(feature = "metrics"))]
     let _ = (backend, step);
+}
+
+/// A call found its key held by a step whose outcome is unknown: a warning, and with
+/// `metrics` the counter `idem_held_total{scope,step}`, each time, so that an operator hears
+/// of a held key from the first retry on.
+pub(super) fn count_held(key: &Key, step: &str) {
+    tracing::warn!(target: "idem", key = %key, step,
+        "the key is held: its step's outcome is unknown until it is resolved (`idem resolve`, or the reconcile hook)");
+    #[cfg(feature = "metrics")]
+    metrics::counter!("idem_held_total", "scope" => key.scope().to_owned(), "step" => step.to_owned())
+        .increment(1);
 }
 
 /// Counts a finished call under its scope and outcome.

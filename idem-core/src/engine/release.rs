@@ -15,6 +15,8 @@ pub(super) struct ReleaseGuard {
     step_timeout: Duration,
     key: Key,
     token: Option<Token>,
+    /// Asked before a release on a drop or a panic: `true` keeps the claim instead.
+    keep: Option<Box<dyn Fn() -> bool + Send + Sync>>,
 }
 
 impl ReleaseGuard {
@@ -30,7 +32,14 @@ impl ReleaseGuard {
             step_timeout,
             key,
             token: Some(token),
+            keep: None,
         }
+    }
+
+    /// A drop or a panic keeps the claim, rather than releasing it, whenever `keep`
+    /// answers true then (a step of the body acted without its record).
+    pub(super) fn keep_when(&mut self, keep: impl Fn() -> bool + Send + Sync + 'static) {
+        self.keep = Some(Box::new(keep));
     }
 
     /// From here on the claim is kept until its lease ends, whatever happens (a panic, an
@@ -81,6 +90,11 @@ impl Drop for ReleaseGuard {
         let Some(token) = self.token.take() else {
             return;
         };
+        if self.keep.as_ref().is_some_and(|keep| keep()) {
+            tracing::warn!(target: "idem", key = %self.key, token = %token,
+                "the call was dropped or panicked after a step that may have acted without its record; its claim ends with its lease");
+            return;
+        }
         let (store, key, limit) = (self.store.clone(), self.key.clone(), self.step_timeout);
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
