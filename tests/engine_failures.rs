@@ -184,7 +184,7 @@ async fn a_holder_whose_key_was_taken_over_gets_lease_lost() {
         tokio::task::yield_now().await;
     }
     // An operator deletes the record and a second caller runs and stores its result.
-    assert!(idem.forget(&k).await.unwrap());
+    assert!(idem.forget_forced(&k).await.unwrap());
     let second: String = idem
         .call(k.clone(), Fingerprint::NONE)
         .run(|| async { "second".to_string() })
@@ -395,7 +395,7 @@ async fn body_taken_over_mid_way(mode: LeaseLoss) -> (Result<String, Error>, u32
         })
     };
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(idem.forget(&k).await.unwrap());
+    assert!(idem.forget_forced(&k).await.unwrap());
     let second: String = idem
         .call(k.clone(), Fingerprint::NONE)
         .run(|| async { "second".to_string() })

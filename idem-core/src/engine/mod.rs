@@ -14,7 +14,7 @@ use crate::cache::LocalCache;
 use crate::codec::BuiltinCodec;
 use crate::error::Error;
 use crate::key::Key;
-use crate::store::{Fingerprint, Store};
+use crate::store::{Fingerprint, Record, Store};
 
 mod builder;
 mod call;
@@ -211,25 +211,81 @@ impl Idem {
         self.inner.cache.is_some()
     }
 
-    /// Deletes the record under `key` from the store and from the local cache, so that the
-    /// next call runs the body again.
+    /// Deletes the stored result under `key` from the store and from the local cache, so
+    /// that the next call runs the body again; `true` if there was one. A key held by a
+    /// step whose outcome is unknown loses its hold and that step's record with it (the
+    /// next call runs the step). A live claim is refused ([`Error::InProgress`]): its body
+    /// may be running, and deleting its claim would let a second run start beside it; use
+    /// [`forget_forced`](Idem::forget_forced) to delete it anyway. Records of steps that
+    /// completed in an attempt whose result was never stored are deleted by
+    /// [`forget_steps`](Idem::forget_steps).
     pub async fn forget(&self, key: &Key) -> Result<bool, Error> {
+        self.forget_record(key, false).await
+    }
+
+    /// [`forget`](Idem::forget), a live claim included: its holder's next step, extend or
+    /// complete is then refused ([`Error::LeaseLost`]), but a body already running goes on
+    /// until then.
+    pub async fn forget_forced(&self, key: &Key) -> Result<bool, Error> {
+        self.forget_record(key, true).await
+    }
+
+    /// Deletes the records of the steps named `steps` of the call keyed `key` (the names
+    /// its body gives them; `idem steps` shows them), so that its next attempt runs them
+    /// again; how many there were.
+    pub async fn forget_steps(&self, key: &Key, steps: &[&str]) -> Result<usize, Error> {
+        let (store, clock) = (&*self.inner.store, observe::StoreClock::default());
+        let mut deleted = 0;
+        for step in steps {
+            let record = key.step(step)?;
+            let delete = store.delete(&record);
+            if store_step(store, &clock, "delete", self.inner.step_timeout, delete)
+                .await
+                .map_err(|source| step::store_error(&record, source))?
+            {
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
+
+    async fn forget_record(&self, key: &Key, force: bool) -> Result<bool, Error> {
         if let Some(cache) = &self.inner.cache {
             cache.remove(key);
         }
         let store = &*self.inner.store;
-        let clock = observe::StoreClock::default();
-        store_step(
-            store,
-            &clock,
-            "delete",
-            self.inner.step_timeout,
-            store.delete(key),
-        )
-        .await
-        .map_err(|source| Error::Store {
-            key: key.clone(),
-            source,
-        })
+        let (clock, limit) = (observe::StoreClock::default(), self.inner.step_timeout);
+        let on = |source| step::store_error(key, source);
+        let record = store_step(store, &clock, "get", limit, store.get(key))
+            .await
+            .map_err(on)?;
+        let held = match &record {
+            Some(Record::InProgress {
+                lease_remaining, ..
+            }) if !force => {
+                return Err(Error::InProgress {
+                    key: key.clone(),
+                    retry_after: *lease_remaining,
+                })
+            }
+            Some(Record::Completed { payload, .. }) => crate::envelope::held_step(payload),
+            _ => None,
+        };
+        let deleted = match record {
+            // Only the result that was read: a claim taken since is not deleted with it.
+            Some(Record::Completed { payload, .. }) if store.capabilities().replaces_records => {
+                let replace = store.replace(key, &payload, None);
+                store_step(store, &clock, "replace", limit, replace)
+                    .await
+                    .map_err(on)?
+            }
+            _ => store_step(store, &clock, "delete", limit, store.delete(key))
+                .await
+                .map_err(on)?,
+        };
+        if let Some(step) = held {
+            self.forget_steps(key, &[step.as_str()]).await?;
+        }
+        Ok(deleted)
     }
 }
