@@ -457,7 +457,7 @@ impl Store for MemoryStore {
             token,
             payload,
             expires_at,
-        } = entry.get()
+        } = &**entry.get()
         else {
             return Ok(false);
         };
@@ -467,18 +467,18 @@ impl Store for MemoryStore {
         match new {
             Some((payload, ttl)) => {
                 let (fingerprint, token) = (*fingerprint, *token);
-                entry.insert(State::Completed {
+                entry.insert(Box::new(State::Completed {
                     fingerprint,
                     token,
                     payload,
                     expires_at: later(now, ttl),
-                });
+                }));
+                drop(entry);
             }
             None => {
                 entry.remove();
             }
         }
-        drop(entry);
         self.wake(key);
         Ok(true)
     }
