@@ -114,7 +114,10 @@ impl RedisStoreBuilder {
     ///   is stored on the primary and may yet reach them). The engine completes again with
     ///   the same token, which keeps the first result and waits again, within the lease; if
     ///   that never succeeds the caller gets `Error::Store`, never the result, and nothing
-    ///   is released after the body's success.
+    ///   is released after the body's success;
+    /// - a replace ([`Store::replace`](idem_core::Store::replace)) waits likewise, and fails
+    ///   with `NotReplicated` when too few acknowledged, though the primary may have
+    ///   replaced the record already.
     ///
     /// Each claim and complete then costs a wait for the replicas (about a round trip from
     /// the primary to its slowest required replica) and holds up its connection meanwhile:

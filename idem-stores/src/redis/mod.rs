@@ -24,7 +24,7 @@
 //!
 //! # One script per step
 //!
-//! Each store step (claim, complete, release, extend, get, delete) is one Lua script that
+//! Each store step (claim, complete, release, extend, get, delete, replace) is one Lua script that
 //! touches one key, run with `EVALSHA` (and loaded again if the server answers `NOSCRIPT`).
 //! Redis runs a script atomically, so concurrent claims of one key have exactly one winner;
 //! and a script that names a single key is valid in Redis Cluster whatever slot that key
@@ -97,7 +97,7 @@
 //! By default a step is done once the primary applied it; Redis replicates asynchronously,
 //! so a failover can lose what the primary acknowledged last, and a retry then runs the
 //! body again. With [`RedisStoreBuilder::wait_for_replicas`] (or [`RedisStore::with_replicas`])
-//! the claim and complete scripts are each sent with `WAIT` behind them, in one pipeline on
+//! the claim, complete and replace scripts are each sent with `WAIT` behind them, in one pipeline on
 //! one connection (`replicas.rs`), and a replay or a resent step touches the record so that
 //! the `WAIT` measures the record itself; too few acknowledgements are
 //! [`StoreError::NotReplicated`], so no call reports a result the replicas do not hold.
@@ -150,8 +150,9 @@ pub use epoch::{
     LostRecords, DEFAULT_REDIS_EPOCH_CHECK_INTERVAL, DEFAULT_REDIS_LOST_RECORDS_GRACE,
 };
 
-/// The extra script argument of a claim or complete that replicas must acknowledge: it
-/// tells the script to touch a record it found nothing to write to (`scripts.rs`).
+/// The extra script argument of a claim, complete or replace that replicas must
+/// acknowledge: it tells the script to touch a record it found nothing to write to
+/// (`scripts.rs`).
 const DURABLE: &str = "1";
 
 /// The backend name in [`StoreError`]s of a standalone server, and of a cluster.
@@ -574,6 +575,42 @@ impl Store for RedisStore {
         record::delete_reply(self.run("delete", &script).await?)
     }
 
+    /// One script on the record's key: the stored payload compared byte for byte with
+    /// `expected`, then the record rewritten (same header, the new payload, a new `PX`) or
+    /// deleted. With a durability level the script is sent with `WAIT` behind it, as a
+    /// complete is; too few replicas is [`StoreError::NotReplicated`], whether the record
+    /// was replaced on the primary or found as it was not expected. A repeat of a replace
+    /// that did take effect answers `false` (the payload is the new one): after an error, read
+    /// the record to learn where it stands.
+    async fn replace(
+        &self,
+        key: &Key,
+        expected: &[u8],
+        new: Option<(Bytes, Duration)>,
+    ) -> Result<bool, StoreError> {
+        // A ttl of 0 asks for a delete: `record::millis` never answers 0.
+        let (ttl, payload) = match &new {
+            Some((payload, ttl)) => (record::millis(*ttl), &payload[..]),
+            None => (0, &[][..]),
+        };
+        let Some(wait) = self.replicas else {
+            let mut script = scripts::REPLACE.key(self.record_key(key));
+            script.arg(expected).arg(ttl).arg(payload);
+            return record::replace_reply(self.run("replace", &script).await?);
+        };
+        let rkey = self.record_key(key);
+        let mut eval = evalsha(&scripts::REPLACE, &rkey);
+        eval.arg(expected).arg(ttl).arg(payload).arg(DURABLE);
+        let (reply, acknowledged) = self
+            .run_replicated("replace", wait, &scripts::REPLACE, &rkey, eval)
+            .await?;
+        let replaced = record::replace_reply(reply)?;
+        match wait.shortfall(self.conn.backend(), "replace", acknowledged) {
+            Some(shortfall) => Err(shortfall),
+            None => Ok(replaced),
+        }
+    }
+
     /// Recovery is reported for takeovers within the recovery window after the lease
     /// ended (a minute by default); a store without a window does not report it.
     /// Fences come from the claim script (`TIME` in microseconds, or the ended lease's
@@ -583,6 +620,7 @@ impl Store for RedisStore {
         Capabilities::NONE
             .with_reports_recovery(!self.recovery_window.is_zero())
             .with_assigns_fences(true)
+            .with_replaces_records(true)
     }
 
     fn backend(&self) -> &'static str {

@@ -175,6 +175,20 @@ pub(crate) fn held_reply(step: &'static str, reply: Value) -> Result<(), StoreEr
     }
 }
 
+/// The reply of the replace script: `1` replaced (or deleted), `0` left as it was, `-1`
+/// not an idem record.
+pub(crate) fn replace_reply(reply: Value) -> Result<bool, StoreError> {
+    match reply {
+        Value::Int(1) => Ok(true),
+        Value::Int(0) => Ok(false),
+        Value::Int(-1) => Err(StoreError::Corrupt {
+            backend: BACKEND,
+            reason: "the value under the key is not an idem record".into(),
+        }),
+        other => Err(unexpected("replace", &other)),
+    }
+}
+
 /// The reply of the delete script: `1` when something live was deleted.
 pub(crate) fn delete_reply(reply: Value) -> Result<bool, StoreError> {
     match reply {

@@ -1,5 +1,5 @@
-//! Durability beyond one node ([`RedisStoreBuilder::wait_for_replicas`]): a claim or a
-//! complete script with `WAIT` behind it, sent as one pipeline on one connection, and a
+//! Durability beyond one node ([`RedisStoreBuilder::wait_for_replicas`]): a claim,
+//! complete or replace script with `WAIT` behind it, sent as one pipeline on one connection, and a
 //! shortfall of replicas answered as [`StoreError::NotReplicated`].
 //!
 //! `WAIT` counts the replicas that acknowledged the last write *of the connection it is

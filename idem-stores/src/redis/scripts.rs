@@ -218,15 +218,44 @@ return live
 "#
 );
 
+/// `replace(key; expected, ttl_ms, payload[, durable])`: when the record is a completed
+/// one whose payload (what follows its 30-byte header) is exactly `expected`, it becomes the
+/// same header and `payload` for `ttl_ms` (token and fingerprint kept), or with a `ttl_ms`
+/// of `0` is deleted: `1`. Anything else (no record, an in-progress claim, ended or not,
+/// another payload) is left as it is: `0`, the record touched with `durable` (see
+/// `touch!`). A value that is not an idem record: `-1`. A record that expired is gone
+/// (`PX`), so a completed record found is live.
+const REPLACE_LUA: &str = concat!(
+    prelude!(),
+    touch!(),
+    r#"
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local completed = #v >= 30 and string.sub(v, 1, 6) == 'idem1C'
+if completed and string.sub(v, 31) == ARGV[1] then
+  if ARGV[2] == '0' then
+    redis.call('DEL', KEYS[1])
+  else
+    redis.call('SET', KEYS[1], string.sub(v, 1, 30) .. ARGV[3], 'PX', ARGV[2])
+  end
+  return 1
+end
+if not completed and not deadline(v) then return -1 end
+if ARGV[4] then touch(KEYS[1]) end
+return 0
+"#
+);
+
 pub(crate) static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(CLAIM_LUA));
 pub(crate) static COMPLETE: LazyLock<Script> = LazyLock::new(|| Script::new(COMPLETE_LUA));
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new(EXTEND_LUA));
 pub(crate) static GET: LazyLock<Script> = LazyLock::new(|| Script::new(GET_LUA));
 pub(crate) static DELETE: LazyLock<Script> = LazyLock::new(|| Script::new(DELETE_LUA));
+pub(crate) static REPLACE: LazyLock<Script> = LazyLock::new(|| Script::new(REPLACE_LUA));
 
 /// Every script, for loading them all at connect time (so that the first call of each step
 /// is one `EVALSHA`, not `EVALSHA`, `NOSCRIPT`, `SCRIPT LOAD`, `EVALSHA`).
-pub(crate) fn all() -> [&'static Script; 6] {
-    [&CLAIM, &COMPLETE, &RELEASE, &EXTEND, &GET, &DELETE]
+pub(crate) fn all() -> [&'static Script; 7] {
+    [&CLAIM, &COMPLETE, &RELEASE, &EXTEND, &GET, &DELETE, &REPLACE]
 }
