@@ -89,8 +89,7 @@ impl Dialect for MySql {
         let t = table.backticked_with("");
         let claim = table.backticked_with("_claim");
         let held = format!("`key` = $1 AND token = $2 AND NOT completed AND ends_at > {NOW_MS}");
-        let swappable =
-            format!("`key` = $1 AND completed AND ends_at > {NOW_MS} AND payload = $2");
+        let swappable = format!("`key` = $1 AND completed AND ends_at > {NOW_MS} AND payload = $2");
         Statements {
             claim: vec![Sql::positional(&format!("CALL {claim}($1, $2, $3, $4)"))],
             // Also matches the record this token completed (a repeat), which keeps its values.
