@@ -152,6 +152,9 @@ impl RedisStoreBuilder {
     /// the first step past the interval sends one `GET` first. A step that could not reach
     /// the server has the next step read it whatever the interval. `Duration::ZERO` reads it
     /// before every step (a round trip more each; steps that wait for the same check share it).
+    /// On a standalone server a claim that would write also compares the epoch inside its
+    /// script, whatever the interval; on a cluster only this check and the one after a
+    /// failed step look (see [`RedisStore`](crate::RedisStore#lost-records)).
     pub fn epoch_check_interval(mut self, interval: Duration) -> Self {
         self.epoch_check_interval = interval;
         self

@@ -9,9 +9,11 @@
 //! prefix of every record key holds a `/`; `epoch` holds none, so the epoch key is never a
 //! record's.
 //!
-//! The store reads the epoch again (one `GET`, before the step that finds it due) after a
-//! step failed because the server could not be reached or did not answer in time (it may
-//! have restarted), and
+//! On a standalone server the claim script compares the epoch key with the epoch the store
+//! knows before it writes a claim, and answers without writing when it is missing or
+//! another (`RedisStore::notice_epoch_change` then reads it here). The store also reads the
+//! epoch again (one `GET`, before the step that finds it due) after a step failed because
+//! the server could not be reached or did not answer in time (it may have restarted), and
 //! otherwise when the last check is older than the check interval: a lazily read clock, no
 //! background task. A missing or different epoch is a loss: an `error` event (target
 //! `idem`), a new epoch written, and what [`LostRecords`] says for the claims that follow.
@@ -350,6 +352,25 @@ impl RedisStore {
                 st.suspect = false;
             }
         }
+    }
+
+    /// A claim script found the epoch key missing or another than `sent`, the epoch it was
+    /// given: reads the epoch as the check does, so that the loss is noticed (logged, a new
+    /// epoch written, the policy's refusals begun) once however many claims saw it. A
+    /// check that ran since the claim left another epoch known, and has noticed it already.
+    pub(super) async fn notice_epoch_change(&self, sent: Option<&str>) -> Result<(), StoreError> {
+        let _one = self.epoch.checking.lock().await;
+        if self.epoch.current().as_deref() != sent {
+            return Ok(());
+        }
+        self.read_epoch().await.map_err(|e| {
+            self.failed(super::store_error(
+                self.conn.backend(),
+                "claim",
+                e,
+                self.command_timeout,
+            ))
+        })
     }
 
     /// One `GET` of the epoch (and on a first connect or a loss, a `SET NX` and maybe one

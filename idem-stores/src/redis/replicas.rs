@@ -53,10 +53,11 @@ impl ReplicaWait {
     }
 }
 
-/// `EVALSHA <sha> 1 <key>`, the start of a script's command; the caller adds the arguments.
-pub(crate) fn evalsha(script: &Script, key: &str) -> Cmd {
+/// `EVALSHA <sha> <n> <keys...>`, the start of a script's command; the caller adds the
+/// arguments.
+pub(crate) fn evalsha(script: &Script, keys: &[&str]) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(1).arg(key);
+    cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
     cmd
 }
 
