@@ -19,7 +19,7 @@
 //! `idem`), a new epoch written, and what [`LostRecords`] says for the claims that follow.
 
 use std::hash::{BuildHasher, Hasher};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::StoreError;
@@ -110,8 +110,9 @@ pub(super) struct Epoch {
 
 #[derive(Default)]
 struct State {
-    /// The epoch found or written last; `None` before the server first answered.
-    value: Option<String>,
+    /// The epoch found or written last; `None` before the server first answered. Shared,
+    /// so that every claim can take it along without a copy.
+    value: Option<Arc<str>>,
     checked_at: Option<Instant>,
     /// A step failed as unreachable since the last check: read the epoch before the next.
     suspect: bool,
@@ -170,7 +171,7 @@ impl Epoch {
     }
 
     /// The epoch the store knows now.
-    pub(super) fn current(&self) -> Option<String> {
+    pub(super) fn current(&self) -> Option<Arc<str>> {
         self.state().value.clone()
     }
 
@@ -277,7 +278,9 @@ impl RedisStore {
         let acknowledged = async {
             let cmd = redis::cmd("GET").arg(&self.epoch.ack_key).clone();
             let found = as_text(self.conn.query(&cmd).await?)?;
-            Ok::<_, redis::RedisError>(found.is_some() && found == self.epoch.current())
+            Ok::<_, redis::RedisError>(
+                found.is_some() && found.as_deref() == self.epoch.current().as_deref(),
+            )
         };
         match tokio::time::timeout(left, acknowledged).await {
             Ok(Ok(true)) => {
@@ -294,7 +297,7 @@ impl RedisStore {
         if let Some(current) = self.epoch.current() {
             let cmd = redis::cmd("SET")
                 .arg(&self.epoch.ack_key)
-                .arg(current)
+                .arg(&*current)
                 .clone();
             let backend = self.conn.backend();
             match tokio::time::timeout(self.command_timeout, self.conn.query(&cmd)).await {
@@ -380,7 +383,7 @@ impl RedisStore {
         let found = as_text(self.conn.query(redis::cmd("GET").arg(&epoch.key)).await?)?;
         let known = epoch.state().value.clone();
         let value = match (known, found) {
-            (Some(known), Some(found)) if known == found => found,
+            (Some(known), Some(found)) if *known == *found => found,
             (None, Some(found)) => found,
             (Some(known), Some(found)) => {
                 // Another store under this prefix noticed the loss first and wrote this one.
@@ -407,7 +410,7 @@ impl RedisStore {
             }
         };
         let mut st = epoch.state();
-        st.value = Some(value);
+        st.value = Some(value.into());
         st.checked_at = Some(Instant::now());
         st.suspect = false;
         Ok(())

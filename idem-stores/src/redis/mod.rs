@@ -98,9 +98,9 @@
 //! By default a step is done once the primary applied it; Redis replicates asynchronously,
 //! so a failover can lose what the primary acknowledged last, and a retry then runs the
 //! body again. With [`RedisStoreBuilder::wait_for_replicas`] (or [`RedisStore::with_replicas`])
-//! the claim, complete and replace scripts are each sent with `WAIT` behind them, in one pipeline on
-//! one connection (`replicas.rs`), and a replay or a resent step touches the record so that
-//! the `WAIT` measures the record itself; too few acknowledgements are
+//! the claim, complete and replace scripts are each sent with `WAIT` behind them, in one
+//! pipeline on one connection (`replicas.rs`), and a replay or a resent step touches the
+//! record so that the `WAIT` measures the record itself; too few acknowledgements are
 //! [`StoreError::NotReplicated`], so no call reports a result the replicas do not hold.
 //!
 //! # Lost records
@@ -445,7 +445,7 @@ impl RedisStore {
     /// standalone server. A cluster's claim never reads it: the epoch key hashes to another
     /// slot than the record (unless the prefix pins both to one), and a script may touch
     /// the keys of one slot only.
-    fn epoch_for_claims(&self) -> Option<String> {
+    fn epoch_for_claims(&self) -> Option<Arc<str>> {
         match self.conn {
             Connection::Standalone(_) => self.epoch.current(),
             #[cfg(feature = "redis-cluster")]
