@@ -359,6 +359,54 @@ async fn a_flush_is_seen_by_the_next_claim_and_no_completed_key_runs_again() {
     assert!(errors[0].contains("found_epoch=none"), "{errors:?}");
 }
 
+/// Claims racing after a flush, each finding the epoch missing or already replaced in its
+/// script: the loss is noticed once (one event, one new epoch), and every claim fails
+/// closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claims_that_see_a_flush_notice_it_once_and_all_fail_closed() {
+    let Some(server) = PrivateRedis::start(&[]) else {
+        return;
+    };
+    let events = Events::global();
+    let store = RedisStore::builder()
+        .epoch_check_interval(Duration::from_secs(3600))
+        .open(&server.url())
+        .await
+        .unwrap();
+    let idem = engine(&store, Duration::from_secs(5));
+    let runs = Arc::new(AtomicU32::new(0));
+    let keys: Vec<Key> = (0..20)
+        .map(|i| key("epoch-claim-race", &format!("k{i}")))
+        .collect();
+    for k in &keys {
+        call(&idem, k, &runs, 1).await.unwrap();
+    }
+    flushall(&server).await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(keys.len()));
+    let tasks: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            let (idem, runs, barrier, k) = (idem.clone(), runs.clone(), barrier.clone(), k.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                call(&idem, &k, &runs, 2).await
+            })
+        })
+        .collect();
+    for task in tasks {
+        let err = task.await.unwrap().unwrap_err();
+        assert!(matches!(is_lost(&err), Some(Some(_))), "{err:?}");
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        20,
+        "no body ran after the flush"
+    );
+    assert_eq!(store.lost_records_noticed(), 1);
+    let errors = events.of(tracing::Level::ERROR, &server);
+    assert_eq!(errors.len(), 1, "one loss, one event: {errors:?}");
+}
+
 /// With `Warn`, the loss the claim script sees is logged as any other, and the claim goes
 /// on against the new epoch: the key runs again, and once only.
 #[tokio::test]
