@@ -307,6 +307,133 @@ async fn until_acknowledged_refuses_every_claim_without_a_record_until_one_store
     assert_eq!(runs.load(Ordering::SeqCst), 3);
 }
 
+/// The claim script compares the epoch key with the store's own epoch before it writes a
+/// claim, so the claim after a flush sees the loss itself: every key completed before fails
+/// closed at once, without waiting for the check interval (an hour here, so that nothing
+/// else can notice).
+#[tokio::test]
+async fn a_flush_is_seen_by_the_next_claim_and_no_completed_key_runs_again() {
+    let Some(server) = PrivateRedis::start(&[]) else {
+        return;
+    };
+    let events = Events::global();
+    let store = RedisStore::builder()
+        .epoch_check_interval(Duration::from_secs(3600))
+        .open(&server.url())
+        .await
+        .unwrap();
+    let idem = engine(&store, Duration::from_secs(5));
+    let runs = AtomicU32::new(0);
+    let keys: Vec<Key> = (0..20)
+        .map(|i| key("epoch-claim", &format!("k{i}")))
+        .collect();
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(call(&idem, k, &runs, i as u32).await.unwrap(), i as u32);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 20);
+
+    flushall(&server).await;
+    let started = Instant::now();
+    for k in &keys {
+        let err = call(&idem, k, &runs, 99)
+            .await
+            .expect_err("a key completed before the flush does not run again");
+        assert!(
+            matches!(is_lost(&err), Some(Some(_))),
+            "refused for the default window: {err:?}"
+        );
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the claims were refused at once, not after a check: {took:?}"
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        20,
+        "no body ran after the flush"
+    );
+    assert_eq!(store.lost_records_noticed(), 1);
+    let errors = events.of(tracing::Level::ERROR, &server);
+    assert_eq!(errors.len(), 1, "one loss, one event: {errors:?}");
+    assert!(errors[0].contains("found_epoch=none"), "{errors:?}");
+}
+
+/// Claims racing after a flush, each finding the epoch missing or already replaced in its
+/// script: the loss is noticed once (one event, one new epoch), and every claim fails
+/// closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_claims_that_see_a_flush_notice_it_once_and_all_fail_closed() {
+    let Some(server) = PrivateRedis::start(&[]) else {
+        return;
+    };
+    let events = Events::global();
+    let store = RedisStore::builder()
+        .epoch_check_interval(Duration::from_secs(3600))
+        .open(&server.url())
+        .await
+        .unwrap();
+    let idem = engine(&store, Duration::from_secs(5));
+    let runs = Arc::new(AtomicU32::new(0));
+    let keys: Vec<Key> = (0..20)
+        .map(|i| key("epoch-claim-race", &format!("k{i}")))
+        .collect();
+    for k in &keys {
+        call(&idem, k, &runs, 1).await.unwrap();
+    }
+    flushall(&server).await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(keys.len()));
+    let tasks: Vec<_> = keys
+        .iter()
+        .map(|k| {
+            let (idem, runs, barrier, k) = (idem.clone(), runs.clone(), barrier.clone(), k.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                call(&idem, &k, &runs, 2).await
+            })
+        })
+        .collect();
+    for task in tasks {
+        let err = task.await.unwrap().unwrap_err();
+        assert!(matches!(is_lost(&err), Some(Some(_))), "{err:?}");
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        20,
+        "no body ran after the flush"
+    );
+    assert_eq!(store.lost_records_noticed(), 1);
+    let errors = events.of(tracing::Level::ERROR, &server);
+    assert_eq!(errors.len(), 1, "one loss, one event: {errors:?}");
+}
+
+/// With `Warn`, the loss the claim script sees is logged as any other, and the claim goes
+/// on against the new epoch: the key runs again, and once only.
+#[tokio::test]
+async fn a_flush_seen_by_a_claim_under_warn_is_logged_and_the_claim_goes_on() {
+    let Some(server) = PrivateRedis::start(&[]) else {
+        return;
+    };
+    let events = Events::global();
+    let store = RedisStore::builder()
+        .epoch_check_interval(Duration::from_secs(3600))
+        .on_lost_records(LostRecords::Warn)
+        .open(&server.url())
+        .await
+        .unwrap();
+    let idem = engine(&store, Duration::from_secs(5));
+    let runs = AtomicU32::new(0);
+    let k = key("epoch-claim-warn", "k");
+    assert_eq!(call(&idem, &k, &runs, 1).await.unwrap(), 1);
+    flushall(&server).await;
+    assert_eq!(call(&idem, &k, &runs, 2).await.unwrap(), 2);
+    assert_eq!(call(&idem, &k, &runs, 3).await.unwrap(), 2, "a replay");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(store.lost_records_noticed(), 1);
+    let errors = events.of(tracing::Level::ERROR, &server);
+    assert_eq!(errors.len(), 1, "{errors:?}");
+}
+
 #[tokio::test]
 async fn a_flush_between_two_steps_is_noticed_once_the_interval_passed() {
     let Some(server) = PrivateRedis::start(&[]) else {

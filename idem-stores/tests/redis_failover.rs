@@ -657,6 +657,66 @@ async fn a_complete_the_replicas_miss_is_not_reported_until_they_have_it() {
     assert_eq!(&payload[..], b"first");
 }
 
+/// A replace is as durable as a complete: with the replica cut off it is `NotReplicated`,
+/// though the primary replaced the record (a repeat from the old payload then answers
+/// `false`); once the replica is back it holds the new payload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replace_the_replicas_miss_is_not_replicated() {
+    use idem_core::{Bytes, Claim, Record, Store, Token};
+    let _exclusive = exclusive().await;
+    let Some(setup) = replicated().await else {
+        return;
+    };
+    let timeout = Duration::from_secs(2);
+    let store = RedisStore::builder()
+        .wait_for_replicas(1, timeout)
+        .open(&setup.primary.url())
+        .await
+        .unwrap();
+    let k = key(&unique_scope("redis-replace-shortfall"), "k");
+    let (token, ttl) = (Token::random(), Duration::from_secs(60));
+    let claim = store
+        .claim(&k, &Fingerprint::NONE, token, ttl)
+        .await
+        .unwrap();
+    assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");
+    store
+        .complete(&k, token, Bytes::from_static(b"hold"), ttl)
+        .await
+        .unwrap();
+
+    setup.proxy.black_hole();
+    let err = store
+        .replace(&k, b"hold", Some((Bytes::from_static(b"value"), ttl)))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::NotReplicated {
+                step: "replace",
+                acknowledged: 0,
+                required: 1,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    setup.proxy.heal();
+    setup.proxy.cut();
+    wait_replicated(&setup.primary, &setup.replica).await;
+    assert!(
+        !store.replace(&k, b"hold", None).await.unwrap(),
+        "the primary had replaced the record already"
+    );
+    let replica = RedisStore::open(&setup.replica.url()).await.unwrap();
+    let Ok(Some(Record::Completed { payload, .. })) = replica.get(&k).await else {
+        panic!("the replica holds the replaced record");
+    };
+    assert_eq!(&payload[..], b"value");
+    assert!(store.replace(&k, b"value", None).await.unwrap());
+}
+
 /// A server that lost the scripts (`SCRIPT FLUSH`, as a restart does): the durable
 /// pipeline's `NOSCRIPT` loads the script and sends the pair again, once.
 #[tokio::test]

@@ -55,6 +55,14 @@ impl Store for InTempDir {
     async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
         self.store.delete(key).await
     }
+    async fn replace(
+        &self,
+        key: &Key,
+        expected: &[u8],
+        new: Option<(Bytes, Duration)>,
+    ) -> Result<bool, StoreError> {
+        self.store.replace(key, expected, new).await
+    }
     fn capabilities(&self) -> Capabilities {
         self.store.capabilities()
     }

@@ -143,6 +143,14 @@ impl Store for Watched {
     async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
         self.inner.delete(key).await
     }
+    async fn replace(
+        &self,
+        key: &Key,
+        expected: &[u8],
+        new: Option<(Bytes, Duration)>,
+    ) -> Result<bool, StoreError> {
+        self.inner.replace(key, expected, new).await
+    }
     async fn wait(&self, key: &Key, at_most: Duration) -> Result<(), StoreError> {
         self.inner.wait(key, at_most).await
     }

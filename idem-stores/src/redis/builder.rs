@@ -114,7 +114,10 @@ impl RedisStoreBuilder {
     ///   is stored on the primary and may yet reach them). The engine completes again with
     ///   the same token, which keeps the first result and waits again, within the lease; if
     ///   that never succeeds the caller gets `Error::Store`, never the result, and nothing
-    ///   is released after the body's success.
+    ///   is released after the body's success;
+    /// - a replace ([`Store::replace`](idem_core::Store::replace)) waits likewise, and fails
+    ///   with `NotReplicated` when too few acknowledged, though the primary may have
+    ///   replaced the record already.
     ///
     /// Each claim and complete then costs a wait for the replicas (about a round trip from
     /// the primary to its slowest required replica) and holds up its connection meanwhile:
@@ -149,6 +152,9 @@ impl RedisStoreBuilder {
     /// the first step past the interval sends one `GET` first. A step that could not reach
     /// the server has the next step read it whatever the interval. `Duration::ZERO` reads it
     /// before every step (a round trip more each; steps that wait for the same check share it).
+    /// On a standalone server a claim that would write also compares the epoch inside its
+    /// script, whatever the interval; on a cluster only this check and the one after a
+    /// failed step look (see [`RedisStore`](crate::RedisStore#lost-records)).
     pub fn epoch_check_interval(mut self, interval: Duration) -> Self {
         self.epoch_check_interval = interval;
         self

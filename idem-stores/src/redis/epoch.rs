@@ -9,15 +9,17 @@
 //! prefix of every record key holds a `/`; `epoch` holds none, so the epoch key is never a
 //! record's.
 //!
-//! The store reads the epoch again (one `GET`, before the step that finds it due) after a
-//! step failed because the server could not be reached or did not answer in time (it may
-//! have restarted), and
+//! On a standalone server the claim script compares the epoch key with the epoch the store
+//! knows before it writes a claim, and answers without writing when it is missing or
+//! another (`RedisStore::notice_epoch_change` then reads it here). The store also reads the
+//! epoch again (one `GET`, before the step that finds it due) after a step failed because
+//! the server could not be reached or did not answer in time (it may have restarted), and
 //! otherwise when the last check is older than the check interval: a lazily read clock, no
 //! background task. A missing or different epoch is a loss: an `error` event (target
 //! `idem`), a new epoch written, and what [`LostRecords`] says for the claims that follow.
 
 use std::hash::{BuildHasher, Hasher};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idem_core::StoreError;
@@ -108,8 +110,9 @@ pub(super) struct Epoch {
 
 #[derive(Default)]
 struct State {
-    /// The epoch found or written last; `None` before the server first answered.
-    value: Option<String>,
+    /// The epoch found or written last; `None` before the server first answered. Shared,
+    /// so that every claim can take it along without a copy.
+    value: Option<Arc<str>>,
     checked_at: Option<Instant>,
     /// A step failed as unreachable since the last check: read the epoch before the next.
     suspect: bool,
@@ -168,7 +171,7 @@ impl Epoch {
     }
 
     /// The epoch the store knows now.
-    pub(super) fn current(&self) -> Option<String> {
+    pub(super) fn current(&self) -> Option<Arc<str>> {
         self.state().value.clone()
     }
 
@@ -275,7 +278,9 @@ impl RedisStore {
         let acknowledged = async {
             let cmd = redis::cmd("GET").arg(&self.epoch.ack_key).clone();
             let found = as_text(self.conn.query(&cmd).await?)?;
-            Ok::<_, redis::RedisError>(found.is_some() && found == self.epoch.current())
+            Ok::<_, redis::RedisError>(
+                found.is_some() && found.as_deref() == self.epoch.current().as_deref(),
+            )
         };
         match tokio::time::timeout(left, acknowledged).await {
             Ok(Ok(true)) => {
@@ -292,7 +297,7 @@ impl RedisStore {
         if let Some(current) = self.epoch.current() {
             let cmd = redis::cmd("SET")
                 .arg(&self.epoch.ack_key)
-                .arg(current)
+                .arg(&*current)
                 .clone();
             let backend = self.conn.backend();
             match tokio::time::timeout(self.command_timeout, self.conn.query(&cmd)).await {
@@ -352,6 +357,25 @@ impl RedisStore {
         }
     }
 
+    /// A claim script found the epoch key missing or another than `sent`, the epoch it was
+    /// given: reads the epoch as the check does, so that the loss is noticed (logged, a new
+    /// epoch written, the policy's refusals begun) once however many claims saw it. A
+    /// check that ran since the claim left another epoch known, and has noticed it already.
+    pub(super) async fn notice_epoch_change(&self, sent: Option<&str>) -> Result<(), StoreError> {
+        let _one = self.epoch.checking.lock().await;
+        if self.epoch.current().as_deref() != sent {
+            return Ok(());
+        }
+        self.read_epoch().await.map_err(|e| {
+            self.failed(super::store_error(
+                self.conn.backend(),
+                "claim",
+                e,
+                self.command_timeout,
+            ))
+        })
+    }
+
     /// One `GET` of the epoch (and on a first connect or a loss, a `SET NX` and maybe one
     /// more `GET`).
     pub(super) async fn read_epoch(&self) -> Result<(), redis::RedisError> {
@@ -359,7 +383,7 @@ impl RedisStore {
         let found = as_text(self.conn.query(redis::cmd("GET").arg(&epoch.key)).await?)?;
         let known = epoch.state().value.clone();
         let value = match (known, found) {
-            (Some(known), Some(found)) if known == found => found,
+            (Some(known), Some(found)) if *known == *found => found,
             (None, Some(found)) => found,
             (Some(known), Some(found)) => {
                 // Another store under this prefix noticed the loss first and wrote this one.
@@ -386,7 +410,7 @@ impl RedisStore {
             }
         };
         let mut st = epoch.state();
-        st.value = Some(value);
+        st.value = Some(value.into());
         st.checked_at = Some(Instant::now());
         st.suspect = false;
         Ok(())

@@ -24,13 +24,14 @@
 //!
 //! # One script per step
 //!
-//! Each store step (claim, complete, release, extend, get, delete) is one Lua script that
-//! touches one key, run with `EVALSHA` (and loaded again if the server answers `NOSCRIPT`).
-//! Redis runs a script atomically, so concurrent claims of one key have exactly one winner;
-//! and a script that names a single key is valid in Redis Cluster whatever slot that key
-//! hashes to. The scripts are in `scripts.rs`, one constant per step. They need Redis 5 or
-//! later (or a compatible server), where scripts replicate their effects and so may read
-//! `TIME` before they write.
+//! Each store step (claim, complete, release, extend, get, delete, replace) is one Lua
+//! script that touches one key, run with `EVALSHA` (and loaded again if the server answers
+//! `NOSCRIPT`). Redis runs a script atomically, so concurrent claims of one key have exactly
+//! one winner; and a script that names a single key is valid in Redis Cluster whatever slot
+//! that key hashes to. (On a standalone server a claim about to write also reads the epoch
+//! key: see [`RedisStore`](RedisStore#lost-records).) The scripts are in `scripts.rs`, one
+//! constant per step. They need Redis 5 or later (or a compatible server), where scripts
+//! replicate their effects and so may read `TIME` before they write.
 //!
 //! Round trips: a first call costs two (the claim script, then the complete script) and a
 //! replay one (the claim script answers with the stored result). The scripts are loaded
@@ -97,9 +98,9 @@
 //! By default a step is done once the primary applied it; Redis replicates asynchronously,
 //! so a failover can lose what the primary acknowledged last, and a retry then runs the
 //! body again. With [`RedisStoreBuilder::wait_for_replicas`] (or [`RedisStore::with_replicas`])
-//! the claim and complete scripts are each sent with `WAIT` behind them, in one pipeline on
-//! one connection (`replicas.rs`), and a replay or a resent step touches the record so that
-//! the `WAIT` measures the record itself; too few acknowledgements are
+//! the claim, complete and replace scripts are each sent with `WAIT` behind them, in one
+//! pipeline on one connection (`replicas.rs`), and a replay or a resent step touches the
+//! record so that the `WAIT` measures the record itself; too few acknowledgements are
 //! [`StoreError::NotReplicated`], so no call reports a result the replicas do not hold.
 //!
 //! # Lost records
@@ -107,7 +108,8 @@
 //! A server that comes back without the records (no persistence and a restart, a
 //! `FLUSHALL`, a failover to a replica without them) would have every key completed before
 //! run its body again, silently. The store keeps an epoch beside the records (`epoch.rs`,
-//! [`RedisStore::epoch_key`]) and reads it back after a step that could not reach the
+//! [`RedisStore::epoch_key`]); on a standalone server the claim script compares it before
+//! it writes a claim, and the store reads it back after a step that could not reach the
 //! server and at most every [check interval](RedisStoreBuilder::epoch_check_interval); a
 //! loss is logged at `error` level and handled as [`LostRecords`] says.
 //!
@@ -150,8 +152,9 @@ pub use epoch::{
     LostRecords, DEFAULT_REDIS_EPOCH_CHECK_INTERVAL, DEFAULT_REDIS_LOST_RECORDS_GRACE,
 };
 
-/// The extra script argument of a claim or complete that replicas must acknowledge: it
-/// tells the script to touch a record it found nothing to write to (`scripts.rs`).
+/// The extra script argument of a claim, complete or replace that replicas must
+/// acknowledge: it tells the script to touch a record it found nothing to write to
+/// (`scripts.rs`).
 const DURABLE: &str = "1";
 
 /// The backend name in [`StoreError`]s of a standalone server, and of a cluster.
@@ -171,17 +174,22 @@ const CLUSTER_BACKEND: &str = "redis-cluster";
 /// store connects it writes an *epoch* under its prefix ([`epoch_key`](Self::epoch_key):
 /// `<prefix>epoch`, a random 128-bit value, `SET NX`, no expiry; no record key is that,
 /// since after the prefix a record's key holds `scope/id`, and a scope is never empty) and
-/// remembers the value it found or wrote. It reads the epoch again with one `GET`, sent
-/// before a step and within that step's command timeout:
+/// remembers the value it found or wrote. Three looks at it:
 ///
-/// - before the next step after a step failed because the server could not be reached (a
-///   refused or dropped connection: the server may have restarted) or did not answer
-///   within the command timeout;
-/// - otherwise when the last read is older than the
-///   [check interval](RedisStoreBuilder::epoch_check_interval) (10 s by default), so that a
-///   restart or a flush between two steps is noticed too, at most that late. No background
-///   task: steps in between cost nothing more (a first call stays 2 round trips, a replay 1;
-///   a step that finds the check due costs one more).
+/// - On a standalone server the claim script compares it before it writes a claim (the
+///   store passes the epoch it knows; the script reads the epoch key beside the record, in
+///   the same atomic step, at no extra round trip). Missing or another, the script writes
+///   nothing, the store notices the loss as below, and the claim runs once more against
+///   the new epoch, so the first claim after a restart or a flush already sees the loss,
+///   and no claim acquires a key whose result the server lost. Replays, which find a
+///   record written since, do not look.
+/// - One `GET`, sent before a step and within that step's command timeout, after a step
+///   failed because the server could not be reached (a refused or dropped connection: the
+///   server may have restarted) or did not answer within the command timeout;
+/// - and otherwise when the last read is older than the
+///   [check interval](RedisStoreBuilder::epoch_check_interval) (10 s by default). No
+///   background task: steps in between cost nothing more (a first call stays 2 round trips,
+///   a replay 1; a step that finds the check due costs one more).
 ///
 /// A missing epoch, or another one (a store under the same prefix noticed first and wrote
 /// it), is a loss: an `error` event (target `idem`) names the server (without its
@@ -197,6 +205,10 @@ const CLUSTER_BACKEND: &str = "redis-cluster";
 /// Cluster the epoch is one key in one slot, so it speaks for the primary of that slot
 /// alone: a loss on another primary goes unnoticed. A prefix with a hash tag
 /// (`idem:{billing}:`) puts the epoch in the slot of every record, where it covers them all.
+/// And on a cluster the claim script does not read the epoch (a script may touch the keys
+/// of one slot only, and the epoch's is another than the record's): a loss there is seen
+/// only by the `GET` after a failed step and the periodic check, so a key completed before
+/// it may run its body again within the check interval after it.
 ///
 /// Build it with [`RedisStore::open`], [`RedisStore::builder`],
 /// [`RedisStore::from_connection_manager`] or `RedisStore::from_cluster_connection`. See
@@ -429,35 +441,108 @@ impl RedisStore {
         e
     }
 
+    /// The epoch a claim script compares the epoch key with: the one this store knows, on a
+    /// standalone server. A cluster's claim never reads it: the epoch key hashes to another
+    /// slot than the record (unless the prefix pins both to one), and a script may touch
+    /// the keys of one slot only.
+    fn epoch_for_claims(&self) -> Option<Arc<str>> {
+        match self.conn {
+            Connection::Standalone(_) => self.epoch.current(),
+            #[cfg(feature = "redis-cluster")]
+            Connection::Cluster(_) => None,
+        }
+    }
+
+    /// The claim script against the epoch the store knows. When the script finds the epoch
+    /// key missing or changed (the server lost its records since the store last looked),
+    /// the loss is noticed as the epoch check notices one, and the claim runs once more,
+    /// against the new epoch, within what is left of the command timeout.
+    async fn claim_seeing_losses(
+        &self,
+        key: &Key,
+        fingerprint: &Fingerprint,
+        token: Token,
+        lease: Duration,
+        started: tokio::time::Instant,
+    ) -> Result<Claim, StoreError> {
+        let known = self.epoch_for_claims();
+        if let Some(claim) = self
+            .claim_step(key, fingerprint, token, lease, known.as_deref())
+            .await?
+        {
+            return Ok(claim);
+        }
+        let backend = self.conn.backend();
+        let again = async {
+            self.notice_epoch_change(known.as_deref()).await?;
+            let known = self.epoch_for_claims();
+            self.claim_step(key, fingerprint, token, lease, known.as_deref())
+                .await
+        };
+        let left = self.command_timeout.saturating_sub(started.elapsed());
+        match tokio::time::timeout(left, again).await {
+            Ok(Ok(Some(claim))) => Ok(claim),
+            // Lost again between the two scripts: nothing claimed, and no body runs.
+            Ok(Ok(None)) => Err(StoreError::Unavailable {
+                backend,
+                source: "the Redis epoch changed again while the claim ran: the server lost its records twice in a row"
+                    .into(),
+            }),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(self.failed(StoreError::Timeout {
+                backend,
+                step: "claim",
+                after: self.command_timeout,
+            })),
+        }
+    }
+
     /// The claim script (and with a durability level its `WAIT`), before the epoch's
-    /// verdict on a claim that found no record.
+    /// verdict on a claim that found no record; `None` when the script found the epoch key
+    /// missing or another than `epoch` and wrote nothing.
     async fn claim_step(
         &self,
         key: &Key,
         fingerprint: &Fingerprint,
         token: Token,
         lease: Duration,
-    ) -> Result<Claim, StoreError> {
-        let request = record::claim_request(token, fingerprint, lease, self.recovery_window);
+        epoch: Option<&str>,
+    ) -> Result<Option<Claim>, StoreError> {
+        let request = record::claim_request(token, fingerprint, lease, self.recovery_window, epoch);
+        let rkey = self.record_key(key);
         let Some(wait) = self.replicas else {
-            let mut script = scripts::CLAIM.key(self.record_key(key));
+            let mut script = scripts::CLAIM.key(&rkey);
+            if epoch.is_some() {
+                script.key(&self.epoch.key);
+            }
             script.arg(&request[..]);
-            return record::claim_reply(self.run("claim", &script).await?, token);
+            let reply = self.run("claim", &script).await?;
+            if record::epoch_changed(&reply) {
+                return Ok(None);
+            }
+            return record::claim_reply(reply, token).map(Some);
         };
         let started = tokio::time::Instant::now();
-        let rkey = self.record_key(key);
-        let mut eval = evalsha(&scripts::CLAIM, &rkey);
+        let keys: &[&str] = match epoch {
+            Some(_) => &[&rkey, &self.epoch.key],
+            None => &[&rkey],
+        };
+        let mut eval = evalsha(&scripts::CLAIM, keys);
         eval.arg(&request[..]).arg(DURABLE);
         let (reply, acknowledged) = self
             .run_replicated("claim", wait, &scripts::CLAIM, &rkey, eval)
             .await?;
+        if record::epoch_changed(&reply) {
+            // Nothing written: nothing for the replicas to hold.
+            return Ok(None);
+        }
         let claim = record::claim_reply(reply, token)?;
         let Some(shortfall) = wait.shortfall(self.conn.backend(), "claim", acknowledged) else {
-            return Ok(claim);
+            return Ok(Some(claim));
         };
         match claim {
             // Another holder's claim: nothing of ours is at stake, and no body runs.
-            Claim::InProgress { .. } => Ok(claim),
+            Claim::InProgress { .. } => Ok(Some(claim)),
             Claim::Acquired { .. } => {
                 // The body must not run on a claim a failover can forget. Releasing now
                 // (best effort: it is fenced anyway, and its lease ends) lets a retry claim
@@ -492,7 +577,9 @@ impl Store for RedisStore {
         lease: Duration,
     ) -> Result<Claim, StoreError> {
         let started = tokio::time::Instant::now();
-        let claim = self.claim_step(key, fingerprint, token, lease).await?;
+        let claim = self
+            .claim_seeing_losses(key, fingerprint, token, lease, started)
+            .await?;
         if !matches!(
             claim,
             Claim::Acquired {
@@ -534,7 +621,7 @@ impl Store for RedisStore {
             return record::held_reply("complete", self.run("complete", &script).await?);
         };
         let rkey = self.record_key(key);
-        let mut eval = evalsha(&scripts::COMPLETE, &rkey);
+        let mut eval = evalsha(&scripts::COMPLETE, &[&rkey]);
         eval.arg(&token[..]).arg(&payload[..]).arg(ttl).arg(DURABLE);
         let (reply, acknowledged) = self
             .run_replicated("complete", wait, &scripts::COMPLETE, &rkey, eval)
@@ -574,6 +661,42 @@ impl Store for RedisStore {
         record::delete_reply(self.run("delete", &script).await?)
     }
 
+    /// One script on the record's key: the stored payload compared byte for byte with
+    /// `expected`, then the record rewritten (same header, the new payload, a new `PX`) or
+    /// deleted. With a durability level the script is sent with `WAIT` behind it, as a
+    /// complete is; too few replicas is [`StoreError::NotReplicated`], whether the record
+    /// was replaced on the primary or found as it was not expected. A repeat of a replace
+    /// that did take effect answers `false` (the payload is the new one): after an error, read
+    /// the record to learn where it stands.
+    async fn replace(
+        &self,
+        key: &Key,
+        expected: &[u8],
+        new: Option<(Bytes, Duration)>,
+    ) -> Result<bool, StoreError> {
+        // A ttl of 0 asks for a delete: `record::millis` never answers 0.
+        let (ttl, payload) = match &new {
+            Some((payload, ttl)) => (record::millis(*ttl), &payload[..]),
+            None => (0, &[][..]),
+        };
+        let Some(wait) = self.replicas else {
+            let mut script = scripts::REPLACE.key(self.record_key(key));
+            script.arg(expected).arg(ttl).arg(payload);
+            return record::replace_reply(self.run("replace", &script).await?);
+        };
+        let rkey = self.record_key(key);
+        let mut eval = evalsha(&scripts::REPLACE, &[&rkey]);
+        eval.arg(expected).arg(ttl).arg(payload).arg(DURABLE);
+        let (reply, acknowledged) = self
+            .run_replicated("replace", wait, &scripts::REPLACE, &rkey, eval)
+            .await?;
+        let replaced = record::replace_reply(reply)?;
+        match wait.shortfall(self.conn.backend(), "replace", acknowledged) {
+            Some(shortfall) => Err(shortfall),
+            None => Ok(replaced),
+        }
+    }
+
     /// Recovery is reported for takeovers within the recovery window after the lease
     /// ended (a minute by default); a store without a window does not report it.
     /// Fences come from the claim script (`TIME` in microseconds, or the ended lease's
@@ -583,6 +706,7 @@ impl Store for RedisStore {
         Capabilities::NONE
             .with_reports_recovery(!self.recovery_window.is_zero())
             .with_assigns_fences(true)
+            .with_replaces_records(true)
     }
 
     fn backend(&self) -> &'static str {

@@ -64,14 +64,16 @@ pub(crate) fn token_bytes(token: Token) -> [u8; 8] {
 const MAX_MS: u64 = 100_000_000_000_000;
 
 /// The claim script's one argument: token, fingerprint, then the lease and the recovery
-/// window in ms as 15 ASCII digits each (54 bytes).
+/// window in ms as 15 ASCII digits each (54 bytes), then the epoch to compare the epoch
+/// key with, if any.
 pub(crate) fn claim_request(
     token: Token,
     fingerprint: &Fingerprint,
     lease: Duration,
     recovery: Duration,
+    epoch: Option<&str>,
 ) -> Vec<u8> {
-    let mut out = Vec::with_capacity(54);
+    let mut out = Vec::with_capacity(54 + epoch.map_or(0, str::len));
     out.extend_from_slice(&token_bytes(token));
     out.extend_from_slice(fingerprint.as_bytes());
     let recovery = u64::try_from(recovery.as_millis())
@@ -79,6 +81,9 @@ pub(crate) fn claim_request(
         .min(MAX_MS);
     for ms in [millis(lease), recovery] {
         out.extend_from_slice(&digits15(ms));
+    }
+    if let Some(epoch) = epoch {
+        out.extend_from_slice(epoch.as_bytes());
     }
     out
 }
@@ -139,6 +144,12 @@ pub(crate) fn claim_reply(reply: Value, token: Token) -> Result<Claim, StoreErro
     }
 }
 
+/// Whether the claim script answered that the epoch key is missing or another than the
+/// epoch it was given (and wrote nothing).
+pub(crate) fn epoch_changed(reply: &Value) -> bool {
+    *reply == Value::Int(0)
+}
+
 /// The reply of the get script.
 pub(crate) fn get_reply(reply: Value) -> Result<Option<Record>, StoreError> {
     match reply {
@@ -172,6 +183,20 @@ pub(crate) fn held_reply(step: &'static str, reply: Value) -> Result<(), StoreEr
             reason: "the value under the key is not an idem record".into(),
         }),
         other => Err(unexpected(step, &other)),
+    }
+}
+
+/// The reply of the replace script: `1` replaced (or deleted), `0` left as it was, `-1`
+/// not an idem record.
+pub(crate) fn replace_reply(reply: Value) -> Result<bool, StoreError> {
+    match reply {
+        Value::Int(1) => Ok(true),
+        Value::Int(0) => Ok(false),
+        Value::Int(-1) => Err(StoreError::Corrupt {
+            backend: BACKEND,
+            reason: "the value under the key is not an idem record".into(),
+        }),
+        other => Err(unexpected("replace", &other)),
     }
 }
 
@@ -406,12 +431,13 @@ mod tests {
     }
 
     #[test]
-    fn claim_request_is_54_bytes() {
+    fn claim_request_is_54_bytes_then_the_epoch() {
         let r = claim_request(
             Token::from_u64(0x0102),
             &Fingerprint::from_bytes([7; 16]),
             Duration::from_secs(30),
             Duration::ZERO,
+            None,
         );
         assert_eq!(r.len(), 54);
         assert_eq!(&r[..8], &[0, 0, 0, 0, 0, 0, 1, 2]);
@@ -422,10 +448,20 @@ mod tests {
                 Token::from_u64(1),
                 &Fingerprint::NONE,
                 Duration::MAX,
-                Duration::MAX
+                Duration::MAX,
+                None,
             )
             .len(),
             54
         );
+        let with_epoch = claim_request(
+            Token::from_u64(0x0102),
+            &Fingerprint::from_bytes([7; 16]),
+            Duration::from_secs(30),
+            Duration::ZERO,
+            Some("0123456789abcdef0123456789abcdef"),
+        );
+        assert_eq!(&with_epoch[..54], &r[..]);
+        assert_eq!(&with_epoch[54..], b"0123456789abcdef0123456789abcdef");
     }
 }

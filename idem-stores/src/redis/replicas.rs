@@ -1,5 +1,5 @@
-//! Durability beyond one node ([`RedisStoreBuilder::wait_for_replicas`]): a claim or a
-//! complete script with `WAIT` behind it, sent as one pipeline on one connection, and a
+//! Durability beyond one node ([`RedisStoreBuilder::wait_for_replicas`]): a claim,
+//! complete or replace script with `WAIT` behind it, sent as one pipeline on one connection, and a
 //! shortfall of replicas answered as [`StoreError::NotReplicated`].
 //!
 //! `WAIT` counts the replicas that acknowledged the last write *of the connection it is
@@ -53,10 +53,11 @@ impl ReplicaWait {
     }
 }
 
-/// `EVALSHA <sha> 1 <key>`, the start of a script's command; the caller adds the arguments.
-pub(crate) fn evalsha(script: &Script, key: &str) -> Cmd {
+/// `EVALSHA <sha> <n> <keys...>`, the start of a script's command; the caller adds the
+/// arguments.
+pub(crate) fn evalsha(script: &Script, keys: &[&str]) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(1).arg(key);
+    cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
     cmd
 }
 

@@ -78,7 +78,8 @@ impl Sql {
 }
 
 /// The statements of one table, written by the dialect once per store. Parameters: `key`
-/// first, then `token`, then what the step adds (lease or ttl in milliseconds, payload).
+/// first, then `token`, then what the step adds (lease or ttl in milliseconds, payload);
+/// the replace statements, which take no token, the expected payload in its place.
 pub struct Statements {
     /// `complete(key, token, payload, ttl_ms)`: one row affected when it took effect or
     /// repeats the completion of this token.
@@ -104,6 +105,13 @@ pub struct Statements {
     /// `delete_seen(key, token)`: deletes the live record of this token (a claim or the
     /// result it completed), one row affected; what an operator deletes after looking.
     pub delete_seen: Sql,
+    /// `replace(key, expected, payload, ttl_ms)`: one row affected when the live record was
+    /// a completed one holding `expected` and now holds `payload` for `ttl_ms` from now (its
+    /// fingerprint and token kept); `Store::replace` with a new payload.
+    pub replace: Sql,
+    /// `replace_delete(key, expected)`: one row affected when the live record was a
+    /// completed one holding `expected` and was deleted; `Store::replace` with `None`.
+    pub replace_delete: Sql,
     /// `count_ended()`: one row, `n`: how many ended records a purge would delete.
     pub count_ended: Sql,
     /// `stats()`: one row, `in_progress`, `completed`, `ended`: records by state.

@@ -89,6 +89,7 @@ impl Dialect for MySql {
         let t = table.backticked_with("");
         let claim = table.backticked_with("_claim");
         let held = format!("`key` = $1 AND token = $2 AND NOT completed AND ends_at > {NOW_MS}");
+        let swappable = format!("`key` = $1 AND completed AND ends_at > {NOW_MS} AND payload = $2");
         Statements {
             claim: vec![Sql::positional(&format!("CALL {claim}($1, $2, $3, $4)"))],
             // Also matches the record this token completed (a repeat), which keeps its values.
@@ -120,6 +121,14 @@ impl Dialect for MySql {
             delete_seen: Sql::positional(&format!(
                 "DELETE FROM {t} WHERE `key` = $1 AND token = $2 AND ends_at > {NOW_MS}"
             )),
+            // Only a live completed record holding the expected payload (compared byte for
+            // byte: a BLOB). InnoDB reads the row's newest version under its lock, so of
+            // racing replaces one matches. `ends_at`, which the condition reads, is
+            // assigned last (assignments run left to right).
+            replace: Sql::positional(&format!(
+                "UPDATE {t} SET payload = $3, ends_at = {NOW_MS} + $4 WHERE {swappable}"
+            )),
+            replace_delete: Sql::positional(&format!("DELETE FROM {t} WHERE {swappable}")),
             count_ended: Sql::positional(&format!(
                 "SELECT CAST(count(*) AS SIGNED) AS n FROM {t} WHERE ends_at <= {NOW_MS}"
             )),

@@ -68,7 +68,7 @@ pub type PostgresStoreBuilder = SqlStoreBuilder<Postgres>;
 /// [`PostgresStoreBuilder::synchronous_commit`] or [`PostgresStore::with_synchronous_commit`].
 ///
 /// **What it covers.** Every statement of a store step that writes a record (claim,
-/// complete, release, extend, delete) commits at this level; reads, `purge_expired`, the
+/// complete, release, extend, delete, replace) commits at this level; reads, `purge_expired`, the
 /// migration and the transactional dedup (`mark_processed_in`, `save_result_in`, which
 /// commit with your transaction: `SET LOCAL synchronous_commit` in it) are left as they
 /// are. The level is set inside the statement (`set_config('synchronous_commit', ..,
@@ -205,6 +205,9 @@ impl Dialect for Postgres {
         let at = level.map_or(String::new(), |l| l.conjunct());
         // Only the holder of the current token, while its lease runs, may touch a claim.
         let held = format!("key = $1 AND token = $2 AND NOT completed AND ends_at > now(){at}");
+        // A live completed record whose payload is the expected one (`$2`): what a replace
+        // may swap or delete.
+        let swappable = format!("key = $1 AND completed AND ends_at > now() AND payload = $2{at}");
         Statements {
             claim: vec![Sql::numbered(claim_sql(&t, &at))],
             // Also matches the record this token completed (a repeat), which it rewrites
@@ -235,6 +238,15 @@ impl Dialect for Postgres {
             delete_seen: Sql::numbered(format!(
                 "DELETE FROM {t} WHERE key = $1 AND token = $2 AND ends_at > now(){at}"
             )),
+            // Only a live completed record holding the expected payload. Under a concurrent
+            // write of the row, Postgres waits for it and checks this condition again on
+            // the row's newest version, so of racing replaces one matches.
+            replace: Sql::numbered(format!(
+                "UPDATE {t} SET payload = $3,
+                    ends_at = clock_timestamp() + $4 * interval '1 millisecond'
+                 WHERE {swappable}"
+            )),
+            replace_delete: Sql::numbered(format!("DELETE FROM {t} WHERE {swappable}")),
             count_ended: Sql::numbered(format!(
                 "SELECT count(*) AS n FROM {t} WHERE ends_at <= now()"
             )),
@@ -540,6 +552,8 @@ mod tests {
             &levelled.extend,
             &levelled.delete,
             &levelled.delete_seen,
+            &levelled.replace,
+            &levelled.replace_delete,
         ];
         for sql in writes {
             assert_eq!(sql.text.matches(at).count(), 1, "{}", sql.text);

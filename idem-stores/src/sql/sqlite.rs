@@ -120,6 +120,8 @@ impl Dialect for Sqlite {
     fn statements(table: &TableName, _settings: &Self::Settings) -> Statements {
         let t = table.quoted();
         let held = format!("key = ?1 AND token = ?2 AND completed = 0 AND ends_at > {NOW_MS}");
+        let swappable =
+            format!("key = ?1 AND completed <> 0 AND ends_at > {NOW_MS} AND payload = ?2");
         let columns =
             format!("completed, fingerprint, token, payload, ends_at - {NOW_MS} AS remaining_ms");
         Statements {
@@ -155,6 +157,12 @@ impl Dialect for Sqlite {
             delete_seen: Sql::numbered(format!(
                 "DELETE FROM {t} WHERE key = ?1 AND token = ?2 AND ends_at > {NOW_MS}"
             )),
+            // Only a live completed record holding the expected payload, under the write
+            // lock (a BLOB compared byte for byte).
+            replace: Sql::numbered(format!(
+                "UPDATE {t} SET payload = ?3, ends_at = {NOW_MS} + ?4 WHERE {swappable}"
+            )),
+            replace_delete: Sql::numbered(format!("DELETE FROM {t} WHERE {swappable}")),
             count_ended: Sql::numbered(format!(
                 "SELECT count(*) AS n FROM {t} WHERE ends_at <= {NOW_MS}"
             )),

@@ -456,12 +456,36 @@ impl<D: Dialect> Store for SqlStore<D> {
         Ok(false)
     }
 
-    /// Every dialect keeps an ended claim's row until it is taken over or purged, and
-    /// assigns fences in its claim.
+    /// One statement guarded by key, state, payload and the database's clock: an `UPDATE`
+    /// that sets the new payload and its end, or a `DELETE`.
+    async fn replace(
+        &self,
+        key: &Key,
+        expected: &[u8],
+        new: Option<(Bytes, Duration)>,
+    ) -> Result<bool, StoreError> {
+        self.ready().await?;
+        let mut args = vec![D::key(key), Arg::Bytes(expected.to_vec())];
+        let sql = match new {
+            Some((payload, ttl)) => {
+                args.extend([Arg::Bytes(payload.to_vec()), Arg::Int(millis(ttl))]);
+                &self.sql.replace
+            }
+            None => &self.sql.replace_delete,
+        };
+        let done = D::execute(&self.pool, sql, args)
+            .await
+            .map_err(|e| self.error(e))?;
+        Ok(D::rows_affected(&done) == 1)
+    }
+
+    /// Every dialect keeps an ended claim's row until it is taken over or purged, assigns
+    /// fences in its claim, and replaces records.
     fn capabilities(&self) -> Capabilities {
         Capabilities::NONE
             .with_reports_recovery(true)
             .with_assigns_fences(true)
+            .with_replaces_records(true)
     }
 
     fn backend(&self) -> &'static str {
