@@ -376,6 +376,15 @@ pub fn step_key(name: &str) -> Result<String, Error> {
 /// step outside an idempotent call's body, or a name the body already used, is an
 /// [`Error::Step`].
 ///
+/// A step's record belongs to its call's payload: an attempt of the key with another
+/// payload gets [`Error::KeyReuse`] from its first step that has a record (and the call
+/// answers `KeyReuse`), never the other payload's value. A step starts only while its claim
+/// and the call's lease are both live by this process's clock; a stored value that no
+/// longer decodes into `T` holds the key ([`Error::OutcomeUnknown`]) rather than run `f`
+/// again. What `f` did before a crash that stopped it ahead of its record is run again by
+/// the next attempt: hand the system it calls [`step_key`], or mark the errors that leave
+/// its outcome unknown with [`Step::unknown_if`].
+///
 /// An idempotent call made inside the body (an `#[idempotent]` function, another
 /// `Idem::call`) is a call of its own: it keeps the key its arguments give it (none is
 /// derived from the enclosing call's), and the steps in its own body are its steps. To run
