@@ -596,3 +596,66 @@ async fn a_result_not_replicated_within_the_lease_says_so_not_that_a_step_timed_
         other => panic!("expected the store's error, got {other:?}"),
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn at_most_once_step_stopped_inside_holds_the_key_and_a_plain_err_runs_it_again() {
+    let lease = Duration::from_secs(5);
+    let idem = Idem::builder()
+        .store(MemoryStore::new())
+        .lease(lease)
+        .build()
+        .unwrap();
+    let sends = AtomicU32::new(0);
+    // `hang`: stop inside the step, after the send; `fail`: an error that says nothing was
+    // sent.
+    let email = |k: Key, hang: bool, fail: bool| {
+        let sends = &sends;
+        idem.call(k, Fingerprint::NONE)
+            .run_fallible(move || async move {
+                Step::new("email")
+                    .at_most_once()
+                    .run(|| async move {
+                        if fail {
+                            return Err(ambiguous());
+                        }
+                        sends.fetch_add(1, SeqCst);
+                        if hang {
+                            std::future::pending::<()>().await;
+                        }
+                        Ok::<_, Error>(String::from("msg_1"))
+                    })
+                    .await
+            })
+    };
+    // Stopped inside the step (the future dropped, as a crash would stop it).
+    let k = key("at-most-once");
+    assert!(
+        tokio::time::timeout(Duration::from_secs(1), email(k.clone(), true, false))
+            .await
+            .is_err()
+    );
+    let retry = email(k.clone(), false, false).await;
+    assert!(
+        matches!(retry, Err(Error::InProgress { .. })),
+        "the claim was given back after a stop inside the step: {retry:?}"
+    );
+    tokio::time::sleep(lease).await;
+    for _ in 0..2 {
+        let out = email(k.clone(), false, false).await;
+        assert!(
+            matches!(&out, Err(Error::OutcomeUnknown { step, .. }) if step == "email"),
+            "{out:?}"
+        );
+    }
+    assert_eq!(sends.load(SeqCst), 1, "the at-most-once step ran again");
+    idem.resolve(&k, "email", Resolution::NotRan).await.unwrap();
+    assert_eq!(email(k.clone(), false, false).await.unwrap(), "msg_1");
+    assert_eq!(sends.load(SeqCst), 2, "resolved as not sent, it is sent");
+    assert_eq!(email(k, false, false).await.unwrap(), "msg_1");
+    assert_eq!(sends.load(SeqCst), 2);
+    // An error that is not ambiguous leaves nothing: the next attempt sends.
+    let k = key("at-most-once-err");
+    assert!(email(k.clone(), false, true).await.is_err());
+    assert_eq!(email(k, false, false).await.unwrap(), "msg_1");
+    assert_eq!(sends.load(SeqCst), 3);
+}

@@ -86,6 +86,8 @@ struct State {
     unrecorded: bool,
     /// A step's record belongs to another payload: the call is [`Error::KeyReuse`].
     reused: bool,
+    /// An at-most-once step's body is running: its record says it started.
+    started: bool,
 }
 
 /// How a body's attempt ended, as its steps left it.
@@ -154,7 +156,7 @@ impl Journal {
     /// a drop, only left to end with its lease.
     pub(super) fn in_doubt(&self) -> bool {
         let state = self.state();
-        state.held.is_some() || state.unrecorded
+        state.held.is_some() || state.unrecorded || state.started
     }
 
     /// The call's lease, as its heartbeat secures it.
@@ -270,6 +272,10 @@ impl Journal {
 
     fn reused(&self) {
         self.state().reused = true;
+    }
+
+    fn started(&self, running: bool) {
+        self.state().started = running;
     }
 
     /// Whether both the step's claim (leased at `step_leased_at`) and the call's are live
@@ -428,7 +434,7 @@ where
     T: Serialize + DeserializeOwned,
     E: From<Error>,
 {
-    run_step(name, NeverUnknown, f).await
+    run_step(name, NeverUnknown, false, f).await
 }
 
 /// Which errors of a step leave its outcome unknown: see [`Step::unknown_if`]. Implemented
@@ -460,6 +466,7 @@ impl<E> Ambiguous<E> for NeverUnknown {
 pub struct Step<'n, P = NeverUnknown> {
     name: &'n str,
     unknown_if: P,
+    at_most_once: bool,
 }
 
 impl<'n> Step<'n> {
@@ -469,6 +476,7 @@ impl<'n> Step<'n> {
         Step {
             name,
             unknown_if: NeverUnknown,
+            at_most_once: false,
         }
     }
 
@@ -487,11 +495,28 @@ impl<'n> Step<'n> {
         Step {
             name: self.name,
             unknown_if: ambiguous,
+            at_most_once: self.at_most_once,
         }
     }
 }
 
 impl<P> Step<'_, P> {
+    /// Runs the step at most once per key, even across a crash inside it: before `f` runs,
+    /// the step's record is written as a hold (its outcome unknown), and replaced by its
+    /// value once `f` returns. An attempt that finds that hold (its predecessor died, or
+    /// was cut off, between the two) does not run `f`: the key is held
+    /// ([`Error::OutcomeUnknown`]) until the step is resolved, as for an
+    /// [ambiguous error](Step::unknown_if). An `Err` that is not ambiguous deletes the hold,
+    /// so the next attempt runs the step.
+    ///
+    /// For a system that takes no idempotency key (an email, a provider without
+    /// [`step_key`]): a crash then costs a person's decision instead of a second run. It
+    /// costs one more store round trip per step.
+    pub fn at_most_once(mut self) -> Self {
+        self.at_most_once = true;
+        self
+    }
+
     /// Runs `f` as this step: the value of an earlier attempt's run when the store has its
     /// record, else `f`'s, stored before it is returned. An `Err` stores nothing, so a
     /// later attempt runs the step again (unless [`unknown_if`](Step::unknown_if) calls it
@@ -505,11 +530,16 @@ impl<P> Step<'_, P> {
         E: From<Error>,
         P: Ambiguous<E>,
     {
-        run_step(self.name, self.unknown_if, f).await
+        run_step(self.name, self.unknown_if, self.at_most_once, f).await
     }
 }
 
-async fn run_step<T, E, F, Fut, P>(name: &str, unknown_if: P, f: F) -> Result<T, E>
+async fn run_step<T, E, F, Fut, P>(
+    name: &str,
+    unknown_if: P,
+    at_most_once: bool,
+    f: F,
+) -> Result<T, E>
 where
     F: FnOnce() -> Fut,
     Fut: Future<Output = Result<T, E>>,
@@ -569,6 +599,18 @@ where
         guard.release(call.clock).await;
         return Err(e.into());
     }
+    if at_most_once {
+        return run_at_most_once(
+            &journal,
+            name,
+            &key,
+            (token, leased_at),
+            guard,
+            unknown_if,
+            f,
+        )
+        .await;
+    }
     let beat = with_heartbeat(&call, token, leased_at, None, f()).await;
     let Some(out) = beat.out else {
         guard.disarm();
@@ -619,6 +661,91 @@ where
         journal.unrecorded();
     }
     journal.hold(name);
+    Err(e)
+}
+
+/// Runs `f` as an [at-most-once](Step::at_most_once) step, under the step's claim
+/// `(token, leased_at)`: its record completed with a hold first, then that hold replaced by
+/// the value, deleted after an `Err` that is not ambiguous, or left for a person after an
+/// ambiguous one, a crash, a drop or a panic.
+async fn run_at_most_once<T, E, F, Fut, P>(
+    journal: &Journal,
+    name: &str,
+    key: &Key,
+    (token, leased_at): (Token, Instant),
+    mut guard: ReleaseGuard,
+    unknown_if: P,
+    f: F,
+) -> Result<T, E>
+where
+    F: FnOnce() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    T: Serialize + DeserializeOwned,
+    E: From<Error>,
+    P: Ambiguous<E>,
+{
+    let hold = Bytes::from(envelope::seal_held(name));
+    let held = Steps {
+        ttl: journal.hold_ttl,
+        ..journal.steps(key)
+    };
+    if let Err(e) = store_result(&held, token, &hold, leased_at + held.lease).await {
+        // Nothing ran: the claim is given back (or ends with its lease).
+        guard.release(held.clock).await;
+        return Err(e.into());
+    }
+    guard.disarm();
+    // From here the record says "started": whatever stops this attempt leaves the step
+    // held, and the call's claim is kept rather than given back.
+    journal.started(true);
+    let out = f().await;
+    journal.started(false);
+    let store = &*journal.store;
+    let replace = |new: Option<(Bytes, Duration)>| {
+        let replace = store.replace(key, &hold, new);
+        store_step(
+            store,
+            &journal.clock,
+            "replace",
+            journal.step_timeout,
+            replace,
+        )
+    };
+    let e = match out {
+        Ok(value) => {
+            let (sealed, value) = match seal_step(key, &value) {
+                Ok(sealed) => sealed,
+                Err(e) => {
+                    journal.hold(name);
+                    return Err(e.into());
+                }
+            };
+            return match replace(Some((sealed, journal.ttl))).await {
+                Ok(true) => Ok(value),
+                // Resolved meanwhile, or not stored: the step stays in the hands of its
+                // resolution.
+                Ok(false) => {
+                    journal.hold(name);
+                    Err(Error::OutcomeUnknown {
+                        key: journal.key.clone(),
+                        step: name.to_owned(),
+                    }
+                    .into())
+                }
+                Err(source) => {
+                    journal.hold(name);
+                    Err(store_error(key, source).into())
+                }
+            };
+        }
+        Err(e) => e,
+    };
+    let nothing_happened = !unknown_if.ambiguous(&e);
+    if !(nothing_happened && matches!(replace(None).await, Ok(true))) {
+        tracing::warn!(target: "idem", key = %journal.key, step = name,
+            "the step's outcome is unknown: the key is held until it is resolved");
+        journal.hold(name);
+    }
     Err(e)
 }
 
