@@ -257,6 +257,7 @@ pub mod http {
 /// | `in_progress` | `"reject"` or `"wait"`: what a duplicate does while the first call runs | the engine's (`"reject"`) |
 /// | `wait_timeout` | how long `"wait"` waits | the engine's (10 seconds) |
 /// | `lease_loss` | `"cancel"` or `"finish"`: what the body does if its lease is lost while it runs ([`LeaseLoss`]) | the engine's (`"cancel"`) |
+/// | `at_most_once` | alone: the body runs at most once per key even across a crash; a takeover that finds it started with no result holds the key ([`Error::OutcomeUnknown`] naming the step `call`) until it is resolved ([`Call::at_most_once`]) | a takeover runs the body again |
 /// | `fingerprint` | a `Serialize` value to digest, a [`Fingerprint`], or `none` | digest of the arguments |
 /// | `skip(a, b)` | arguments left out of the key and the fingerprint | none skipped |
 /// | `cache_errors` | alone: store every `Err`; `= <predicate>`: store the `Err`s for which `Fn(&E) -> bool` is true | no error stored |

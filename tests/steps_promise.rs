@@ -659,3 +659,77 @@ async fn at_most_once_step_stopped_inside_holds_the_key_and_a_plain_err_runs_it_
     assert_eq!(email(k, false, false).await.unwrap(), "msg_1");
     assert_eq!(sends.load(SeqCst), 3);
 }
+
+#[idem::idempotent(key = order_id, store = idem, skip(idem, sends, hang), at_most_once)]
+async fn send_receipt(
+    idem: &Idem,
+    sends: &AtomicU32,
+    order_id: &str,
+    hang: bool,
+) -> Result<String, Error> {
+    sends.fetch_add(1, SeqCst);
+    if hang {
+        std::future::pending::<()>().await;
+    }
+    if order_id.ends_with("-fails") {
+        return Err(ambiguous());
+    }
+    Ok(format!("receipt for {order_id}"))
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_most_once_call_stopped_in_its_body_holds_the_key_until_resolved() {
+    let lease = Duration::from_secs(30);
+    let idem = Idem::builder()
+        .store(MemoryStore::new())
+        .lease(lease)
+        .build()
+        .unwrap();
+    let sends = AtomicU32::new(0);
+    let stopped = tokio::time::timeout(
+        Duration::from_secs(1),
+        send_receipt(&idem, &sends, "o-1", true),
+    );
+    assert!(stopped.await.is_err());
+    tokio::time::sleep(lease).await;
+    for _ in 0..2 {
+        let out = send_receipt(&idem, &sends, "o-1", false).await;
+        assert!(
+            matches!(&out, Err(Error::OutcomeUnknown { step, .. }) if step == "call"),
+            "{out:?}"
+        );
+    }
+    assert_eq!(sends.load(SeqCst), 1, "the at-most-once body ran again");
+    let k = Key::new(module_path!().to_owned() + "::send_receipt", "o-1").unwrap();
+    let resolved = idem
+        .resolve(&k, "call", Resolution::ran("receipt sent by hand").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resolved, Resolved::Resolved);
+    for _ in 0..2 {
+        assert_eq!(
+            send_receipt(&idem, &sends, "o-1", false).await.unwrap(),
+            "receipt sent by hand"
+        );
+    }
+    assert_eq!(sends.load(SeqCst), 1);
+    // A body that fails with an error not to keep clears its mark: the next attempt runs.
+    assert!(send_receipt(&idem, &sends, "o-2-fails", false)
+        .await
+        .is_err());
+    assert!(send_receipt(&idem, &sends, "o-2-fails", false)
+        .await
+        .is_err());
+    assert_eq!(sends.load(SeqCst), 3);
+    // A body that succeeds leaves nothing of its mark behind.
+    assert_eq!(
+        send_receipt(&idem, &sends, "o-3", false).await.unwrap(),
+        "receipt for o-3"
+    );
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let mark = Key::new(module_path!().to_owned() + "::send_receipt", "o-3")
+        .unwrap()
+        .step("call")
+        .unwrap();
+    assert!(idem.store().get(&mark).await.unwrap().is_none());
+}

@@ -1,6 +1,7 @@
-//! At-most-once steps (`Step::at_most_once`) on every store: a process killed (SIGKILL)
-//! inside such a step leaves it held, and the retry runs it no second time; the same crash
-//! inside an ordinary step is run again by the retry (what the mode is for).
+//! At-most-once steps (`Step::at_most_once`) and calls (`Call::at_most_once`) on every
+//! store: a process killed (SIGKILL) inside such a step or body leaves its key held, and the
+//! retry runs it no second time; the same crash inside an ordinary step is run again by the
+//! retry (what the mode is for).
 //!
 //! A child process (this test binary started again with `IDEM_AMO_URL` set: the test
 //! `at_most_once_crash_child`) sends two emails, each in a step of its own call, records
@@ -45,6 +46,28 @@ fn sent(dir: &Path, k: &Key) -> usize {
 
 fn outbox(dir: &Path, k: &Key) -> PathBuf {
     dir.join(format!("{}.sent", k.id()))
+}
+
+/// A whole call at most once (no step): its body sends, then `hang` stops it there.
+async fn send_call(idem: &Idem, k: &Key, dir: &Path, hang: bool) -> Result<String, Error> {
+    let (k2, dir) = (k.clone(), dir.to_owned());
+    idem.call(k.clone(), Fingerprint::NONE)
+        .at_most_once()
+        .run_fallible(move || async move {
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(outbox(&dir, &k2))
+                .unwrap();
+            f.write_all(b"sent\n").unwrap();
+            f.sync_all().unwrap();
+            if hang {
+                println!("{SENT} {}", k2.id());
+                std::future::pending::<()>().await;
+            }
+            Ok::<_, Error>(String::from("msg_1"))
+        })
+        .await
 }
 
 /// The call: one step, `email`, at most once or not; `hang` stops inside it, after the send.
@@ -92,10 +115,15 @@ async fn at_most_once_crash_child() {
     };
     let idem = engine(idem::stores::connect(&url).await.unwrap());
     let dir = PathBuf::from(dir);
-    let (a, b) = (key(&run, "at-most-once"), key(&run, "plain"));
+    let (a, b, c) = (
+        key(&run, "at-most-once"),
+        key(&run, "plain"),
+        key(&run, "call"),
+    );
     let _ = tokio::join!(
         send(&idem, &a, &dir, true, true),
-        send(&idem, &b, &dir, false, true)
+        send(&idem, &b, &dir, false, true),
+        send_call(&idem, &c, &dir, true)
     );
     panic!("the calls ended instead of hanging");
 }
@@ -131,14 +159,17 @@ async fn killed_inside_the_step(url: Option<String>, backend: &str) {
             .lines()
             .map_while(Result::ok)
             .filter(|l| l.contains(SENT))
-            .take(2)
+            .take(3)
             .count()
     })
     .await
     .unwrap();
     child.kill().unwrap(); // SIGKILL: no destructor runs, nothing is released.
     let _ = child.wait();
-    assert_eq!(reached, 2, "{backend}: the child did not reach both steps");
+    assert_eq!(
+        reached, 3,
+        "{backend}: the child did not reach its three sends"
+    );
 
     let idem = engine(idem::stores::connect(&url).await.unwrap());
     let (a, b) = (key(&run, "at-most-once"), key(&run, "plain"));
@@ -175,35 +206,57 @@ async fn killed_inside_the_step(url: Option<String>, backend: &str) {
         1,
         "{backend}: sent again after its resolution"
     );
-    eprintln!("at_most_once {backend}: SIGKILL inside the step: the plain step ran twice, the at-most-once step once and held its key until resolved");
+    // A whole call at most once: its body is not run again either.
+    let c = key(&run, "call");
+    let out = send_call(&idem, &c, dir.path(), false).await;
+    assert!(
+        matches!(&out, Err(Error::OutcomeUnknown { step, .. }) if step == "call"),
+        "{backend}: {out:?}"
+    );
+    assert_eq!(
+        sent(dir.path(), &c),
+        1,
+        "{backend}: the at-most-once body ran again"
+    );
+    idem.resolve(&c, "call", Resolution::ran("msg_0").unwrap())
+        .await
+        .unwrap();
+    for _ in 0..2 {
+        assert_eq!(
+            send_call(&idem, &c, dir.path(), false).await.unwrap(),
+            "msg_0"
+        );
+    }
+    assert_eq!(sent(dir.path(), &c), 1, "{backend}: the resolved body ran");
+    eprintln!("at_most_once {backend}: SIGKILL inside the step and inside the body: the plain step ran twice, the at-most-once step and body once each and held their keys until resolved");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_most_once_sqlite_sigkill_inside_the_step() {
+async fn at_most_once_sqlite_sigkill_inside_a_step_and_a_body() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("amo.db").display());
     killed_inside_the_step(Some(url), "sqlite").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_most_once_postgres_sigkill_inside_the_step() {
+async fn at_most_once_postgres_sigkill_inside_a_step_and_a_body() {
     killed_inside_the_step(backend_url("IDEM_TEST_POSTGRES_URL"), "postgres").await;
 }
 
 #[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_most_once_mysql_sigkill_inside_the_step() {
+async fn at_most_once_mysql_sigkill_inside_a_step_and_a_body() {
     killed_inside_the_step(backend_url("IDEM_TEST_MYSQL_URL"), "mysql").await;
 }
 
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_most_once_redis_sigkill_inside_the_step() {
+async fn at_most_once_redis_sigkill_inside_a_step_and_a_body() {
     killed_inside_the_step(backend_url("IDEM_TEST_REDIS_URL"), "redis").await;
 }
 
 #[cfg(feature = "redis-cluster")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn at_most_once_redis_cluster_sigkill_inside_the_step() {
+async fn at_most_once_redis_cluster_sigkill_inside_a_step_and_a_body() {
     killed_inside_the_step(backend_url("IDEM_TEST_REDIS_CLUSTER"), "redis-cluster").await;
 }

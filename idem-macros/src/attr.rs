@@ -56,6 +56,7 @@ pub const OPTIONS: &[&str] = &[
     "in_progress",
     "wait_timeout",
     "lease_loss",
+    "at_most_once",
     "fingerprint",
     "skip",
     "cache_errors",
@@ -75,6 +76,7 @@ pub mod kw {
     syn::custom_keyword!(in_progress);
     syn::custom_keyword!(wait_timeout);
     syn::custom_keyword!(lease_loss);
+    syn::custom_keyword!(at_most_once);
     syn::custom_keyword!(fingerprint);
     syn::custom_keyword!(skip);
     syn::custom_keyword!(cache_errors);
@@ -136,6 +138,8 @@ pub struct Args {
     pub in_progress: Option<Opt<InProgressMode>>,
     pub wait_timeout: Option<Opt<DurationArg>>,
     pub lease_loss: Option<Opt<LeaseLossMode>>,
+    /// `at_most_once`: the body runs at most once per key, even across a crash.
+    pub at_most_once: Option<Opt<()>>,
     pub fingerprint: Option<Opt<FingerprintArg>>,
     pub skip: Option<Opt<Vec<Ident>>>,
     /// `cache_errors` alone (`None`: cache every error) or `cache_errors = <predicate>`.
@@ -328,6 +332,15 @@ impl Args {
                 ));
             };
             self.set(|a| &mut a.version, "version", name_span, version)
+        } else if input.peek(kw::at_most_once) {
+            input.parse::<kw::at_most_once>()?;
+            if input.peek(Token![=]) {
+                return Err(syn::Error::new(
+                    input.span(),
+                    "`at_most_once` takes no value: write it alone, as in `#[idempotent(key = id, at_most_once)]`",
+                ));
+            }
+            self.set(|a| &mut a.at_most_once, "at_most_once", name_span, ())
         } else if input.peek(kw::clone_cached) {
             input.parse::<kw::clone_cached>()?;
             if input.peek(Token![=]) {

@@ -331,6 +331,9 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
         };
         options.extend(quote!(.lease_loss(#pr::LeaseLoss::#mode)));
     }
+    if args.at_most_once.is_some() {
+        options.extend(quote!(.at_most_once()));
+    }
     if let Some(opt) = &args.codec {
         let expr = &opt.value;
         options.extend(quote!(.codec(#expr)));

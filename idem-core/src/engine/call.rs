@@ -113,6 +113,7 @@ pub(super) struct Options {
     pub(super) wait_timeout: Option<Duration>,
     pub(super) retry_after: Option<Duration>,
     pub(super) lease_loss: Option<LeaseLoss>,
+    pub(super) at_most_once: bool,
 }
 
 /// A [`Call`] whose run methods answer an [`Outcome`]: the value and its
@@ -161,6 +162,23 @@ impl<'a, C: Codec> Call<'a, C> {
     /// [`LeaseLoss::Cancel`]).
     pub fn lease_loss(mut self, mode: LeaseLoss) -> Self {
         self.options.lease_loss = Some(mode);
+        self
+    }
+
+    /// Runs the body at most once per key, even across a crash: before the body runs, a
+    /// record says it started (a hold of the step `call`, under
+    /// [`Key::step`](crate::Key::step)`("call")`); once its result is stored, that record
+    /// goes. A takeover that finds it (the body's process died, or its result could not be
+    /// stored before its lease ended) does not run the body again: the key is held
+    /// ([`Error::OutcomeUnknown`] naming the step `call`) until it is resolved, with the
+    /// body's result as the value when it ran (`idem resolve <url> <key> call --ran
+    /// --value '<result as JSON>'`). A body that returned an error not to keep clears the
+    /// record, so the next attempt runs it.
+    ///
+    /// It costs two store round trips more per first call; `call` is then not a name the
+    /// body's own steps can use.
+    pub fn at_most_once(mut self) -> Self {
+        self.options.at_most_once = true;
         self
     }
 
@@ -247,6 +265,11 @@ impl<'a, C: Codec> CallWithOutcome<'a, C> {
         version(version: u64);
         /// What the call does when its key is missing: see [`Call::missing_key`].
         missing_key(mode: MissingKey);
+    }
+
+    /// Runs the body at most once per key, even across a crash: see [`Call::at_most_once`].
+    pub fn at_most_once(self) -> Self {
+        CallWithOutcome(self.0.at_most_once())
     }
 
     /// The codec of this call's result: see [`Call::codec`].

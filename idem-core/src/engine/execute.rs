@@ -13,7 +13,7 @@ use super::claim::{claim_or_wait, Claimed};
 use super::complete::{check_round_trip, decode, store_result, ErrorPolicy, ValueOps};
 use super::context::with_fence;
 use super::heartbeat::with_heartbeat;
-use super::journal::{self, Ending, Journal};
+use super::journal::{self, Ending, Journal, Started, CALL_STEP};
 use super::observe::{count_call, count_held, outcome_label, InFlight, StoreClock};
 use super::release::ReleaseGuard;
 use super::step::Steps;
@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use crate::cache::LocalCache;
 use crate::store::{Fence, Store, Token};
 
-use crate::codec::Codec;
+use crate::codec::{Codec, Json};
 use crate::envelope::{self, Kind};
 use crate::error::Error;
 use crate::key::{shown, Key};
@@ -246,6 +246,7 @@ impl<C: Codec> Call<'_, C> {
                         store: inner.store.clone(),
                         clock: clock.clone(),
                         hold_ttl: inner.hold_ttl,
+                        at_most_once: self.options.at_most_once,
                         claim: (token, leased_at, fence),
                     };
                     return Box::pin(first_run(&call, results, run, body)).await;
@@ -311,6 +312,8 @@ struct Run {
     store: Arc<dyn Store>,
     clock: Arc<StoreClock>,
     hold_ttl: std::time::Duration,
+    /// The body is marked as started before it runs ([`Call::at_most_once`]).
+    at_most_once: bool,
     claim: (Token, Instant, Option<Fence>),
 }
 
@@ -337,6 +340,7 @@ where
         store,
         clock,
         hold_ttl,
+        at_most_once,
         claim: (token, leased_at, fence),
     } = run;
     // What the body's steps record, and what they left at its end.
@@ -347,6 +351,38 @@ where
     let mut guard = ReleaseGuard::new(store, call.step_timeout, key.clone(), token);
     let in_doubt = journal.clone();
     guard.keep_when(move || in_doubt.in_doubt());
+    let held = Steps {
+        ttl: hold_ttl,
+        ..*call
+    };
+    if at_most_once {
+        match journal.mark_started().await {
+            Ok(Started::Marked) => {}
+            // An earlier attempt's body started and left no result: it is not run again.
+            Ok(Started::Held) => {
+                guard.disarm();
+                return hold_key(&held, token, CALL_STEP.to_owned(), leased_at).await;
+            }
+            // ... and a person said what it returned: that is the call's result.
+            Ok(Started::Resolved(payload)) => {
+                guard.disarm();
+                let value =
+                    envelope::open_value(&Json, 0, &payload).map_err(|source| Error::Decode {
+                        key: key.clone(),
+                        source,
+                    })?;
+                let (sealed, out) = results.seal(key, Ok(value))?;
+                store_result(call, token, &sealed, leased_at + call.lease).await?;
+                journal.forget_steps();
+                results.keep(call, call.fingerprint, sealed, &out);
+                return Ok(Happened::Replayed(out));
+            }
+            Err(e) => {
+                guard.release(call.clock).await;
+                return Err(e);
+            }
+        }
+    }
     let body = journal.scope(with_fence(fence, body()));
     let mark = Some(journal.call_lease());
     let beat = with_heartbeat(call, token, leased_at, mark, body).await;
@@ -365,40 +401,37 @@ where
         // result is not stored, its claim not given back) until the step is resolved.
         (Ending::Held(step), _) => {
             guard.disarm();
-            let hold = Bytes::from(envelope::seal_held(&step));
-            let held = Steps {
-                ttl: hold_ttl,
-                ..*call
-            };
-            if let Err(e) = store_result(&held, token, &hold, beat.leased_at + call.lease).await {
-                tracing::error!(target: "idem", key = %key, step = %step, error = %e,
-                    "the step's outcome is unknown and the key could not be held for it: a retry after the lease may run it again");
-                return Err(Error::OutcomeNotHeld {
-                    key: key.clone(),
-                    step,
-                    source: Box::new(e),
-                });
+            if at_most_once {
+                journal.clear_started().await;
             }
-            return Err(Error::OutcomeUnknown {
-                key: key.clone(),
-                step,
-            });
+            return hold_key(&held, token, step, beat.leased_at).await;
         }
         // A step's record belongs to another payload of the key: this payload is refused,
         // whatever the body answered.
         (Ending::Reused { unrecorded }, _) => {
             match unrecorded {
                 true => guard.disarm(),
-                false => guard.release(call.clock).await,
+                false => {
+                    if at_most_once {
+                        journal.clear_started().await;
+                    }
+                    guard.release(call.clock).await
+                }
             }
             return Err(Error::KeyReuse { key: key.clone() });
         }
         (ending, Err(e)) if !guard.held_while(|| results.policy.cache(&e)) => {
             match ending {
                 // A step may have taken effect without its record: giving the claim back
-                // would let a retry run it again at once, so it ends with its lease instead.
+                // would let a retry run it again at once, so it ends with its lease instead
+                // (and an at-most-once body's mark stays: the next attempt holds the key).
                 Ending::Unrecorded => guard.disarm(),
-                _ => guard.release(call.clock).await,
+                _ => {
+                    if at_most_once {
+                        journal.clear_started().await;
+                    }
+                    guard.release(call.clock).await
+                }
             }
             return Ok(Happened::Released(e));
         }
@@ -418,6 +451,33 @@ where
     journal.forget_steps();
     results.keep(call, call.fingerprint, sealed, &out);
     Ok(Happened::Ran(out))
+}
+
+/// Holds the call's key for `step`, whose outcome is unknown: its record completed with a
+/// hold under the claim `token`, whose lease began no earlier than `leased_at`. The call
+/// then answers [`Error::OutcomeUnknown`], or [`Error::OutcomeNotHeld`] if the hold could
+/// not be written.
+async fn hold_key<T, E>(
+    held: &Steps<'_>,
+    token: Token,
+    step: String,
+    leased_at: Instant,
+) -> Result<Happened<T, E>, Error> {
+    let key = held.key;
+    let hold = Bytes::from(envelope::seal_held(&step));
+    if let Err(e) = store_result(held, token, &hold, leased_at + held.lease).await {
+        tracing::error!(target: "idem", key = %key, step = %step, error = %e,
+            "the step's outcome is unknown and the key could not be held for it: a retry after the lease may run it again");
+        return Err(Error::OutcomeNotHeld {
+            key: key.clone(),
+            step,
+            source: Box::new(e),
+        });
+    }
+    Err(Error::OutcomeUnknown {
+        key: key.clone(),
+        step,
+    })
 }
 
 impl Options {

@@ -43,6 +43,20 @@ pub const MAX_STEP_NAME_LEN: usize = 64;
 /// What joins a call's scope and a step's name in the scope of the step's record.
 const STEP_SCOPE: &str = "#step:";
 
+/// The step whose record says that the body of an [at-most-once](super::Call::at_most_once)
+/// call started.
+pub(super) const CALL_STEP: &str = "call";
+
+/// What an at-most-once call found when it marked its body as started.
+pub(super) enum Started {
+    /// The mark is written: the body may run.
+    Marked,
+    /// An earlier attempt's body started and left no result: the key is to be held.
+    Held,
+    /// That earlier body was resolved as ran: its result, as the step's JSON envelope.
+    Resolved(Bytes),
+}
+
 tokio::task_local! {
     /// The journal of the call whose body this task is running; `None` in a body run
     /// without a key (`missing_key = "run"`), whose steps simply run.
@@ -157,6 +171,57 @@ impl Journal {
     pub(super) fn in_doubt(&self) -> bool {
         let state = self.state();
         state.held.is_some() || state.unrecorded || state.started
+    }
+
+    /// Marks the body of an at-most-once call as started: the record of the step
+    /// [`CALL_STEP`] claimed and completed with a hold, unless an earlier attempt's is there.
+    pub(super) async fn mark_started(&self) -> Result<Started, Error> {
+        let key = self.key.step(CALL_STEP)?;
+        self.enter(CALL_STEP)?;
+        let call = self.steps(&key);
+        let (token, leased_at) = match claim_or_wait(&call).await {
+            Ok(Claimed::Completed { payload, .. }) => {
+                if envelope::held_step(&payload).is_some() {
+                    self.hold(CALL_STEP);
+                    return Ok(Started::Held);
+                }
+                return Ok(Started::Resolved(payload));
+            }
+            Ok(Claimed::Ours {
+                token, leased_at, ..
+            }) => (token, leased_at),
+            Err(Error::KeyReuse { .. }) => {
+                return Err(Error::KeyReuse {
+                    key: self.key.clone(),
+                })
+            }
+            Err(e) => return Err(e),
+        };
+        let hold = Bytes::from(envelope::seal_held(CALL_STEP));
+        let held = Steps {
+            ttl: self.hold_ttl,
+            ..self.steps(&key)
+        };
+        store_result(&held, token, &hold, leased_at + held.lease).await?;
+        self.started(true);
+        Ok(Started::Marked)
+    }
+
+    /// Clears the mark of an at-most-once call whose body ended with nothing to keep, so
+    /// that the next attempt runs it: only while it is still this attempt's mark.
+    pub(super) async fn clear_started(&self) {
+        self.started(false);
+        let Ok(key) = self.key.step(CALL_STEP) else {
+            return;
+        };
+        let hold = envelope::seal_held(CALL_STEP);
+        let store = &*self.store;
+        let replace = store.replace(&key, &hold, None);
+        let cleared = store_step(store, &self.clock, "replace", self.step_timeout, replace).await;
+        if !matches!(cleared, Ok(true)) {
+            tracing::warn!(target: "idem", key = %self.key,
+                "could not clear the mark of a body that ended with nothing to keep; the next attempt finds the key held");
+        }
     }
 
     /// The call's lease, as its heartbeat secures it.
@@ -274,7 +339,7 @@ impl Journal {
         self.state().reused = true;
     }
 
-    fn started(&self, running: bool) {
+    pub(super) fn started(&self, running: bool) {
         self.state().started = running;
     }
 
