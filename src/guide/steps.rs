@@ -218,6 +218,37 @@
 //! acknowledging or redelivering it at once. `idem get` shows a held key's record as
 //! `payload.kind: held` with the step that holds it.
 //!
+//! ## At most once: when a crash must not run a step again
+//!
+//! By default a step that was running when its process died runs again on the next
+//! attempt: its record was claimed, not completed, and the takeover cannot tell whether its
+//! effect happened. With [`step_key`](crate::step_key) handed to the provider that is safe.
+//! Many systems take no key (an email, an SMS, a legacy API). For those,
+//! [`Step::at_most_once`](crate::Step::at_most_once) records that the step *started* before
+//! it runs: its record is completed with a hold first, and that hold is replaced by the
+//! value when the step returns. An attempt that finds the hold (its predecessor died or was
+//! cut off in between) does not run the step: the key is held, as for an ambiguous error,
+//! until a person or the reconcile hook says whether it happened. An `Err` the step returns
+//! that is not ambiguous clears the hold, so the next attempt runs it.
+//!
+//! The same for a whole call without steps: [`Call::at_most_once`](crate::Call::at_most_once),
+//! `#[idempotent(at_most_once)]`. Before the body runs, the record of the step `call` says
+//! it started; a takeover that finds it (the process died, or the result could not be stored
+//! before the lease ended, as in a failover with the replicas cut off) holds the key, naming
+//! the step `call`, instead of running the body again. Resolving `call` as ran, with the
+//! body's result as JSON, stores that result for the key:
+//! `idem resolve <url> <key> call --ran --value '"receipt-7"'`.
+//!
+//! | mode | a crash inside the step or body | costs per first run |
+//! | --- | --- | --- |
+//! | a step (default) | runs it again on the next attempt (hand on `step_key`) | a claim and a complete of the step's record |
+//! | `Step::at_most_once` | holds the key until resolved | one round trip more (the hold, then its replacement) |
+//! | `Call::at_most_once` | holds the key until resolved (step `call`) | two round trips more (claim and hold the mark), and its deletion in the background |
+//!
+//! Choose at most once where a second run is worse than a person's decision: money moved
+//! without a key, a message a customer reads. Keep the default where the step can be asked
+//! (its provider dedups by `step_key`) or where running it twice is harmless.
+//!
 //! ## Calls inside calls
 //!
 //! An `#[idempotent]` function (or an `Idem::call`) called inside another call's body is a
