@@ -84,8 +84,8 @@ pub use idem_core::{
     DEFAULT_STEP_TIMEOUT, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
 };
 pub use idem_core::{
-    step, step_key, Ambiguous, NeverUnknown, Resolution, Resolved, Step, Unresolved,
-    MAX_STEP_NAME_LEN,
+    step, step_key, step_record, Ambiguous, NeverUnknown, Resolution, Resolved, Step, StepRecord,
+    Unresolved, MAX_STEP_NAME_LEN,
 };
 pub use idem_stores::MemoryStore;
 

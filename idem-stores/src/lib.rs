@@ -42,8 +42,11 @@ pub use sql::postgres::{PostgresStore, PostgresStoreBuilder, SynchronousCommit};
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use sql::sqlite::{SqliteSettings, SqliteStore, SqliteStoreBuilder, DEFAULT_BUSY_TIMEOUT};
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql")))
+)]
 pub use sql::Transactional;
 #[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 #[cfg_attr(

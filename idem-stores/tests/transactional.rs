@@ -161,7 +161,7 @@ async fn sqlite() -> Option<Fixture<sqlx::Sqlite>> {
 }
 
 macro_rules! transactional_tests {
-    ($backend:ident, $fresh:expr) => {
+    ($backend:ident, $fresh:expr, $db:ty) => {
         mod $backend {
             use std::sync::Arc;
             use std::time::Duration;
@@ -436,10 +436,151 @@ macro_rules! transactional_tests {
                     .unwrap();
                 assert_eq!(rows, 1);
             }
+
+            /// How a checkout attempt's body ends, after its write to the shop's own table.
+            #[derive(Clone, Copy, PartialEq)]
+            enum End {
+                /// Dropped before the commit (a crash between the write and its commit).
+                RollBack,
+                /// Committed, then failed (the attempt's claim is given back).
+                CommitThenFail,
+                Commit,
+            }
+
+            /// One attempt of a call whose body reserves stock in the shop's own table as
+            /// a transactional step (`completed_step_in`, the write, `record_step_in`, in
+            /// one transaction), then ends as `end` says.
+            async fn attempt(
+                f: &super::Fixture<$db>,
+                idem: &Idem,
+                k: &Key,
+                end: End,
+            ) -> Result<String, Error> {
+                idem.call(k.clone(), Fingerprint::of(&"order"))
+                    .run_fallible(|| async move {
+                        let mut tx = f.store.pool().begin().await.unwrap();
+                        let reserved: String =
+                            match f.store.completed_step_in(&mut *tx, "reserve").await? {
+                                Some(r) => r,
+                                None => {
+                                    sqlx::query(&format!(
+                                        "INSERT INTO {} (message, body) VALUES ('{}', 'reserved')",
+                                        f.effects,
+                                        k.id()
+                                    ))
+                                    .execute(&mut *tx)
+                                    .await
+                                    .unwrap();
+                                    f.store
+                                        .record_step_in(&mut *tx, "reserve", &String::from("r-1"))
+                                        .await?
+                                }
+                            };
+                        match end {
+                            End::RollBack => {
+                                drop(tx);
+                                Err(Error::Config {
+                                    message: "crashed before the commit".into(),
+                                    source: None,
+                                })
+                            }
+                            End::CommitThenFail => {
+                                tx.commit().await.unwrap();
+                                Err(Error::Config {
+                                    message: "failed after the commit".into(),
+                                    source: None,
+                                })
+                            }
+                            End::Commit => {
+                                tx.commit().await.unwrap();
+                                Ok(reserved)
+                            }
+                        }
+                    })
+                    .await
+            }
+
+            async fn rows(f: &super::Fixture<$db>, k: &Key) -> i64 {
+                sqlx::query_scalar(&format!(
+                    "SELECT count(*) FROM {} WHERE message LIKE '{}%'",
+                    f.effects,
+                    k.id()
+                ))
+                .fetch_one(f.store.pool())
+                .await
+                .unwrap()
+            }
+
+            /// A transactional step's write and its record commit as one: a crash before the
+            /// commit leaves neither (the retry writes once), a failure after it replays the
+            /// recorded value (the retry writes nothing).
+            #[tokio::test]
+            async fn transactional_step_writes_once_across_a_crash_before_and_a_failure_after_its_commit() {
+                let Some(f) = $fresh.await else { return };
+                let idem = Idem::new(f.store.clone());
+                let k = key("checkout-tx-step");
+                assert!(attempt(&f, &idem, &k, End::RollBack).await.is_err());
+                assert_eq!(rows(&f, &k).await, 0, "the rolled-back write");
+                let record = k.step("reserve").unwrap();
+                assert!(
+                    f.store.get(&record).await.unwrap().is_none(),
+                    "a rolled-back transaction left the step's record"
+                );
+                assert!(attempt(&f, &idem, &k, End::CommitThenFail).await.is_err());
+                assert_eq!(rows(&f, &k).await, 1);
+                // Another payload of the key is refused at the step's record.
+                let other = idem
+                    .call(k.clone(), Fingerprint::of(&"another order"))
+                    .run_fallible(|| async {
+                        let mut conn = f.store.pool().acquire().await.unwrap();
+                        f.store
+                            .completed_step_in::<String>(&mut *conn, "reserve")
+                            .await
+                    })
+                    .await;
+                assert!(matches!(other, Err(Error::KeyReuse { .. })), "{other:?}");
+                assert_eq!(attempt(&f, &idem, &k, End::Commit).await.unwrap(), "r-1");
+                assert_eq!(rows(&f, &k).await, 1, "the retry wrote again");
+
+            }
+
+            /// Without the transaction (the write committed, then the step's record stored
+            /// separately by `idem::step`), a failure between the two runs the write again:
+            /// what a transactional step closes.
+            #[tokio::test]
+            async fn transactional_step_control_a_separate_record_lets_the_write_run_twice() {
+                let Some(f) = $fresh.await else { return };
+                let idem = Idem::new(f.store.clone());
+                let k = key("checkout-separate");
+                for n in 0..2 {
+                    let _ = idem
+                        .call(k.clone(), Fingerprint::NONE)
+                        .run_fallible(|| async {
+                            idem_core::step("reserve", || async {
+                                sqlx::query(&format!(
+                                    "INSERT INTO {} (message, body) VALUES ('{}.{n}', 'reserved')",
+                                    f.effects,
+                                    k.id()
+                                ))
+                                .execute(f.store.pool())
+                                .await
+                                .unwrap();
+                                // The process dies here: the write committed, the record not.
+                                Err::<(), _>(Error::Config {
+                                    message: "crashed before the step's record".into(),
+                                    source: None,
+                                })
+                            })
+                            .await
+                        })
+                        .await;
+                }
+                assert_eq!(rows(&f, &k).await, 2);
+            }
         }
     };
 }
 
-transactional_tests!(postgres, super::postgres());
-transactional_tests!(sqlite, super::sqlite());
-transactional_tests!(mysql, super::mysql());
+transactional_tests!(postgres, super::postgres(), sqlx::Postgres);
+transactional_tests!(sqlite, super::sqlite(), sqlx::Sqlite);
+transactional_tests!(mysql, super::mysql(), sqlx::MySql);

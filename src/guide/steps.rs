@@ -249,6 +249,37 @@
 //! without a key, a message a customer reads. Keep the default where the step can be asked
 //! (its provider dedups by `step_key`) or where running it twice is harmless.
 //!
+//! ## Steps in your own transaction
+//!
+//! A step whose effect is a write to the same database as a SQL store can record its value
+//! in that write's transaction, so that the write and the record commit or roll back as
+//! one: exactly once for the write, with no window in which it committed and its record
+//! did not (which a plain step has: a crash there runs the write again).
+//! `SqlStore::completed_step_in(&mut *tx, name)` reads the step's record on the
+//! transaction's connection (the value of an earlier attempt whose transaction committed),
+//! and `SqlStore::record_step_in(&mut *tx, name, &value)` writes it beside your own write:
+//!
+//! ```ignore
+//! let mut tx = store.pool().begin().await?;
+//! let reservation: i64 = match store.completed_step_in(&mut *tx, "reserve").await? {
+//!     Some(id) => id,
+//!     None => {
+//!         let id = sqlx::query_scalar("INSERT INTO reservations (order_id) VALUES ($1) RETURNING id")
+//!             .bind(order_id)
+//!             .fetch_one(&mut *tx)
+//!             .await?;
+//!         store.record_step_in(&mut *tx, "reserve", &id).await?
+//!     }
+//! };
+//! tx.commit().await?;
+//! ```
+//!
+//! A crash or a rollback before the commit leaves neither the write nor the record; the
+//! next attempt writes once. Its cost is the transaction you already have, and one
+//! statement more in it (two on MySQL, which reads the row back). On Postgres, SQLite and
+//! MySQL/MariaDB; not for effects that leave the database (an email, a provider), which no
+//! transaction can take back: those are ordinary or at-most-once steps.
+//!
 //! ## Calls inside calls
 //!
 //! An `#[idempotent]` function (or an `Idem::call`) called inside another call's body is a

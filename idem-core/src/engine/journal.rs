@@ -339,6 +339,14 @@ impl Journal {
         self.state().reused = true;
     }
 
+    /// Records that the attempt reached step `name`, if it had not yet.
+    fn note(&self, name: &str) {
+        let mut state = self.state();
+        if !state.names.iter().any(|n| n == name) {
+            state.names.push(name.to_owned());
+        }
+    }
+
     pub(super) fn started(&self, running: bool) {
         self.state().started = running;
     }
@@ -436,6 +444,61 @@ pub fn step_key(name: &str) -> Result<String, Error> {
         });
     };
     provider_key(&journal.key, name).map_err(|reason| journal.error(name, reason))
+}
+
+/// The record of step `name` of the idempotent call whose body is running, for a store
+/// that writes it itself inside the caller's own transaction (`SqlStore::record_step_in`
+/// in `idem::stores`): its key, the call's fingerprint it carries, and how long it lives.
+/// The step counts as one of the body's (its record is deleted with the others once the
+/// call's result is stored). An [`Error::Step`] outside a call's body, in a body run
+/// without a key, or for a name that is not valid.
+pub fn step_record(name: &str) -> Result<StepRecord, Error> {
+    let Some(journal) = current(name)? else {
+        return Err(Error::Step {
+            key: None,
+            step: name.to_owned(),
+            reason: "this body runs without an idempotency key (`missing_key = \"run\"`), so its steps have no record".into(),
+        });
+    };
+    let key = journal.key.step(name)?;
+    journal.note(name);
+    Ok(StepRecord {
+        key,
+        call: journal.key.clone(),
+        fingerprint: journal.fingerprint,
+        ttl: journal.ttl,
+    })
+}
+
+/// Where and how a step's record is written: see [`step_record`].
+#[derive(Debug, Clone)]
+pub struct StepRecord {
+    key: Key,
+    call: Key,
+    fingerprint: Fingerprint,
+    ttl: Duration,
+}
+
+impl StepRecord {
+    /// The step record's key, `<scope>#step:<name>/<id>`.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The key of the call the step belongs to.
+    pub fn call_key(&self) -> &Key {
+        &self.call
+    }
+
+    /// The call's fingerprint, which the record carries.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+
+    /// How long the record lives: the call's ttl.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
 }
 
 /// Runs `f` as the step `name` of the idempotent call whose body is running: once per key,

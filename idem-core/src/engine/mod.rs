@@ -35,7 +35,9 @@ pub use builder::IdemBuilder;
 pub use call::{Answers, Call, CallWithOutcome, InProgress, LeaseLoss, MissingKey, RequestPrint};
 pub use complete::{Share, SharedValue, ValueEq, ValueOps};
 pub use context::fence;
-pub use journal::{step, step_key, Ambiguous, NeverUnknown, Step, MAX_STEP_NAME_LEN};
+pub use journal::{
+    step, step_key, step_record, Ambiguous, NeverUnknown, Step, StepRecord, MAX_STEP_NAME_LEN,
+};
 pub(crate) use journal::{step_name_is_valid, step_record_key};
 pub use outcome::{Origin, Outcome};
 pub use resolve::{Resolution, Resolved, Unresolved};

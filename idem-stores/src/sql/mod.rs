@@ -21,13 +21,13 @@ pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod store;
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 mod tx;
 
 pub use builder::SqlStoreBuilder;
 pub use dialect::Dialect;
 pub use store::{SqlStore, DEFAULT_MIGRATE_LOCK_TIMEOUT};
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg(any(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 pub use tx::Transactional;
 
 /// The table a store uses unless told otherwise.

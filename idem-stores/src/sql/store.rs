@@ -133,8 +133,7 @@ impl<D: Dialect> SqlStore<D> {
         self.table.to_string()
     }
 
-    // For the transactional dedup (`tx.rs`), which MySQL does not offer.
-    #[cfg_attr(not(any(feature = "postgres", feature = "sqlite")), allow(dead_code))]
+    // For the transactional dedup and steps (`tx.rs`).
     pub(crate) fn table_name(&self) -> &TableName {
         &self.table
     }

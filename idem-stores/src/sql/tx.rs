@@ -138,6 +138,123 @@ impl<D: Transactional> SqlStore<D> {
         Ok(outcome.origin())
     }
 
+    /// The value of step `name` of the idempotent call whose body is running, when an
+    /// earlier attempt recorded it: read on the caller's connection, so inside its
+    /// transaction. `None` when the step has no record: do its write, then
+    /// [`record_step_in`](SqlStore::record_step_in) in the same transaction. Together they
+    /// make a *transactional step*: a write to this database and its step record commit or
+    /// roll back as one, so a crash between them can never run the write twice, and a
+    /// rollback leaves no record.
+    ///
+    /// ```no_run
+    /// # async fn demo(store: idem::stores::PostgresStore, order_id: i64) -> Result<i64, Box<dyn std::error::Error>> {
+    /// // Inside an idempotent call's body.
+    /// let mut tx = store.pool().begin().await?;
+    /// let reservation: i64 = match store.completed_step_in(&mut *tx, "reserve").await? {
+    ///     Some(id) => id, // an earlier attempt's reservation committed
+    ///     None => {
+    ///         let id: i64 = sqlx::query_scalar("INSERT INTO reservations (order_id) VALUES ($1) RETURNING id")
+    ///             .bind(order_id)
+    ///             .fetch_one(&mut *tx)
+    ///             .await?;
+    ///         store.record_step_in(&mut *tx, "reserve", &id).await?
+    ///     }
+    /// };
+    /// tx.commit().await?;
+    /// # Ok(reservation) }
+    /// ```
+    ///
+    /// Errors: [`Error::Step`] outside an idempotent call's body; [`Error::KeyReuse`] when
+    /// the record was written for another payload of the call; [`Error::InProgress`] when
+    /// an ordinary step of that name holds the record; [`Error::Decode`] when its value is
+    /// not a `T`; [`Error::Store`] when the database fails.
+    pub async fn completed_step_in<T: DeserializeOwned>(
+        &self,
+        conn: &mut D::Connection,
+        name: &str,
+    ) -> Result<Option<T>, Error> {
+        let step = idem_core::step_record(name)?;
+        let key = step.key();
+        let store = |source| Error::Store {
+            key: key.clone(),
+            source,
+        };
+        self.ready().await.map_err(store)?;
+        let row = D::fetch_optional_on(conn, &self.statements().get, vec![D::key(key)])
+            .await
+            .map_err(|e| store(self.error(e)))?;
+        let Some(row) = row else { return Ok(None) };
+        let completed = D::flag(&row, Col::Name("completed")).map_err(|e| store(self.error(e)))?;
+        let live = self.live_row(&row, completed).map_err(store)?;
+        if live.remaining_ms <= 0 {
+            return Ok(None);
+        }
+        match live.into_claim(D::BACKEND).map_err(store)? {
+            Claim::InProgress { retry_after, .. } => Err(Error::InProgress {
+                key: step.call_key().clone(),
+                retry_after: retry_after.max(Duration::from_millis(1)),
+            }),
+            Claim::Completed {
+                fingerprint,
+                payload,
+            } => {
+                let theirs = fingerprint;
+                let mine = step.fingerprint();
+                if theirs != mine && theirs != Fingerprint::NONE && mine != Fingerprint::NONE {
+                    return Err(Error::KeyReuse {
+                        key: step.call_key().clone(),
+                    });
+                }
+                let value = open_value(&Json, 0, &payload).map_err(|source| Error::Decode {
+                    key: key.clone(),
+                    source,
+                })?;
+                Ok(Some(value))
+            }
+            _ => Err(store(StoreError::Corrupt {
+                backend: D::BACKEND,
+                reason: "reading a record answered a claim".into(),
+            })),
+        }
+    }
+
+    /// Records `value` as the value of step `name` of the idempotent call whose body is
+    /// running, inside the caller's transaction, and answers it as decoded from its stored
+    /// bytes: see [`completed_step_in`](SqlStore::completed_step_in). The record carries the
+    /// call's fingerprint and lives for the call's ttl; it commits or rolls back with the
+    /// transaction. When another attempt's record of the step committed first (its
+    /// transaction held the key's row until then), the answer is [`Error::InProgress`]:
+    /// roll back, and the retry replays that attempt's value.
+    pub async fn record_step_in<T>(
+        &self,
+        conn: &mut D::Connection,
+        name: &str,
+        value: &T,
+    ) -> Result<T, Error>
+    where
+        T: Serialize + DeserializeOwned,
+    {
+        let step = idem_core::step_record(name)?;
+        let out = self
+            .save_result_in(conn, step.key(), step.fingerprint(), value, step.ttl())
+            .await
+            .map_err(|e| match e {
+                Error::KeyReuse { .. } => Error::KeyReuse {
+                    key: step.call_key().clone(),
+                },
+                e => e,
+            })?;
+        match out.origin() {
+            Origin::Ran => Ok(out.into_value()),
+            // Another attempt's write and record committed first: this transaction's own
+            // write must not commit beside it.
+            _ => Err(Error::InProgress {
+                key: step.call_key().clone(),
+                retry_after: Duration::from_millis(1),
+            }),
+        }
+    }
+
     /// Stores `value` as the completed result of `key` (with `fingerprint`, for `ttl`)
     /// inside the caller's transaction, as the engine would have stored it (JSON codec,
     /// result version 0). The first time the answer is `value` as decoded from its stored
