@@ -451,7 +451,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     }
 
     /// The backend's name, as errors and logs show it: `"memory"`, `"sqlite"`,
-    /// `"postgres"`, `"redis"`, `"redis-cluster"`; `"custom"` unless a store says otherwise.
+    /// `"postgres"`, `"mysql"`, `"redis"`, `"redis-cluster"`; `"custom"` unless a store says
+    /// otherwise.
     /// The engine names it in the [`StoreError::Timeout`] of a step that ran out of time.
     fn backend(&self) -> &'static str {
         "custom"

@@ -5,7 +5,10 @@
 //! [`claim`] the claim and the wait for a concurrent holder, [`context`] what a running
 //! body can ask of its call (its fence), [`complete`] how a result is
 //! checked and stored, [`release`] the guard that gives a claim back, [`heartbeat`] the lease
-//! extension while the body runs, and [`step`] the time bound on every store step.
+//! extension while the body runs, [`step`] the time bound on every store step, [`journal`]
+//! the user's steps inside a body (what they record, and the marks of at-most-once steps
+//! and calls), [`resolve`] how a step whose outcome is unknown is resolved, [`observe`]
+//! the span's outcome and the metrics, and [`outcome`] the replay signal.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,5 +1,6 @@
-//! `MySqlStore`: records in one MySQL or MariaDB table (InnoDB), each step one round trip,
-//! time from the server's clock.
+//! `MySqlStore`: records in one MySQL or MariaDB table (InnoDB), each store step one
+//! statement (a first call: the read, the claim procedure and the complete, three round
+//! trips; a replay one), time from the server's clock.
 //!
 //! A claim reads the record first with a plain indexed `SELECT`, which answers a replay
 //! or a running duplicate. MySQL has no statement that both writes and answers rows, so

@@ -29,7 +29,7 @@ use super::{
 /// Idempotency records in a Postgres table (default `idem_records`), on a sqlx
 /// [`PgPool`](sqlx::PgPool): the generic [`SqlStore`] in the Postgres dialect.
 ///
-/// Every step is one statement and one round trip. A claim reads first: a replay costs 1
+/// Every store step is one statement and one round trip. A claim reads first: a replay costs 1
 /// (a plain indexed read that finds the stored result), a first call 3 (the read, the claim
 /// statement, complete). Leases and expiry run on the
 /// database's clock (`now()`), never the client's.
