@@ -3,8 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-#[cfg(doc)]
-use super::DEFAULT_RETRY_AFTER;
 use super::{
     Idem, InProgress, Inner, LeaseLoss, DEFAULT_LEASE, DEFAULT_STEP_TIMEOUT, DEFAULT_TTL,
     DEFAULT_WAIT_TIMEOUT, MAX_DURATION, MIN_DURATION,
@@ -102,7 +100,7 @@ impl IdemBuilder {
     /// The retry-after hint of [`Error::InProgress`], the answer to a duplicate that
     /// arrives while the first call still runs (in [`InProgress::Reject`] mode): how long
     /// the duplicate should wait before it tries again (a consumer requeueing the message,
-    /// an HTTP `Retry-After`). By default the smaller of [`DEFAULT_RETRY_AFTER`] (1
+    /// an HTTP `Retry-After`). By default the smaller of [`DEFAULT_RETRY_AFTER`](crate::DEFAULT_RETRY_AFTER) (1
     /// second) and a tenth of the call's lease. The hint is never longer than what remains
     /// of the holder's lease (by then the key is free, or taken over), and never under
     /// 1 ms. A call can ask for its own with [`Call::retry_after`](crate::Call::retry_after).

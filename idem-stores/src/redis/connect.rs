@@ -16,7 +16,7 @@ impl RedisStoreBuilder {
     ///
     /// - `redis://[user:password@]host[:port][/db]`, `rediss://...` (TLS, when the `redis`
     ///   crate's TLS feature is on) or `redis+unix:///path/to.sock`: one server, through a
-    ///   [`ConnectionManager`] that reconnects on its own;
+    ///   [`ConnectionManager`](https://docs.rs/redis/1/redis/aio/struct.ConnectionManager.html) that reconnects on its own;
     /// - `redis+cluster://[user:password@]host1:port1,host2:port2,...` (or
     ///   `rediss+cluster://`): a Redis Cluster, given any of its nodes (feature
     ///   `redis-cluster`).
@@ -143,7 +143,7 @@ impl RedisStoreBuilder {
         Ok(store)
     }
 
-    /// A store on a [`ConnectionManager`] you already have (its own reconnect and timeout
+    /// A store on a [`ConnectionManager`](https://docs.rs/redis/1/redis/aio/struct.ConnectionManager.html) you already have (its own reconnect and timeout
     /// settings stay; the command timeout of this builder bounds each step on top).
     ///
     /// Loads the scripts and checks the eviction policy; a server that does not answer now

@@ -19,7 +19,7 @@
 //! ```
 //!
 //! A connection you already have works too: [`RedisStore::from_connection_manager`] takes a
-//! [`ConnectionManager`] and
+//! [`ConnectionManager`](https://docs.rs/redis/1/redis/aio/struct.ConnectionManager.html) and
 //! `RedisStore::from_cluster_connection` (feature `redis-cluster`) a cluster connection.
 //!
 //! # One script per step
