@@ -509,11 +509,27 @@ async fn step_records_are_the_golden_ones_and_golden_ones_are_read() {
         matches!(answer, Err(idem::Error::OutcomeUnknown { .. })),
         "{answer:?}"
     );
+    // A hold carries the id of the attempt that wrote it (16 hex digits, the same on the
+    // step and on the call): the golden bytes with that id in place of the golden one.
     let golden_hold = golden("step-held.hex");
+    let golden_hold_id = golden("step-held-id.hex");
+    let golden_id = "0123456789abcdef";
+    let mut ids = Vec::new();
     for k in [held.clone(), held.step("charge").unwrap()] {
         let bytes = stored_bytes(&store, &k).await;
-        assert_eq!(hex(&bytes), golden_hold.trim(), "the hold under {k}");
+        let text = String::from_utf8_lossy(&bytes[15..]).into_owned();
+        let id = text
+            .strip_prefix(r#"{"step":"charge","hold":""#)
+            .and_then(|rest| rest.strip_suffix(r#""}"#))
+            .unwrap_or_else(|| panic!("the hold under {k}: {text}"))
+            .to_owned();
+        let expected = golden_hold_id
+            .trim()
+            .replace(&hex(golden_id.as_bytes()), &hex(id.as_bytes()));
+        assert_eq!(hex(&bytes), expected, "the hold under {k}");
+        ids.push(id);
     }
+    assert_eq!(ids[0], ids[1], "one attempt's holds share their id");
 
     // Read: golden bytes planted as an older build left them.
     let store = MemoryStore::new();
@@ -539,14 +555,16 @@ async fn step_records_are_the_golden_ones_and_golden_ones_are_read() {
         .await
         .unwrap();
     assert_eq!(got, receipt());
-    let on_hold = Key::new("golden::checkout", "o-4").unwrap();
-    plant(&store, &on_hold, unhex(&golden_hold)).await;
-    let answer = idem
-        .call(on_hold.clone(), Fingerprint::NONE)
-        .run(|| async { panic!("a held key ran its body") as u8 })
-        .await;
-    match answer {
-        Err(idem::Error::OutcomeUnknown { step, .. }) => assert_eq!(step, "charge"),
-        other => panic!("expected the golden hold to hold the key, got {other:?}"),
+    for (id, bytes) in [("o-4", &golden_hold), ("o-5", &golden_hold_id)] {
+        let on_hold = Key::new("golden::checkout", id).unwrap();
+        plant(&store, &on_hold, unhex(bytes)).await;
+        let answer = idem
+            .call(on_hold.clone(), Fingerprint::NONE)
+            .run(|| async { panic!("a held key ran its body") as u8 })
+            .await;
+        match answer {
+            Err(idem::Error::OutcomeUnknown { step, .. }) => assert_eq!(step, "charge"),
+            other => panic!("expected the golden hold to hold the key, got {other:?}"),
+        }
     }
 }

@@ -286,6 +286,8 @@ async fn the_reconcile_hook_runs_once_per_held_key_while_its_callers_wait_for_it
         let asked = asked.clone();
         Idem::builder()
             .store(MemoryStore::new())
+            // Waiting callers wait for the hook's answer; rejecting ones answer at once.
+            .in_progress(InProgress::Wait)
             .reconcile(move |_| {
                 let asked = asked.clone();
                 async move {

@@ -171,9 +171,17 @@ pub struct Header {
 }
 
 /// The record that holds a key whose step `step` has an unknown outcome: a format 2
-/// envelope of kind 2, the JSON codec's id, result version 0, and `{"step":"<name>"}`.
-pub(crate) fn seal_held(step: &str) -> Vec<u8> {
-    let payload = serde_json::json!({ "step": step }).to_string();
+/// envelope of kind 2, the JSON codec's id, result version 0, and
+/// `{"step":"<name>","hold":"<id>"}`, where `<id>` (16 lowercase hex digits, the writing
+/// attempt's token) tells this hold from every other hold of the same step, so that a
+/// resolution can replace exactly the hold it read. `step_record: false` is added on the
+/// call's key when the step's own record could not be given its hold.
+pub(crate) fn seal_held(step: &str, id: u64, step_record: bool) -> Vec<u8> {
+    // A step name is ASCII letters, digits, `_`, `-` and `.`: nothing to escape.
+    let payload = match step_record {
+        true => format!(r#"{{"step":"{step}","hold":"{id:016x}"}}"#),
+        false => format!(r#"{{"step":"{step}","hold":"{id:016x}","step_record":false}}"#),
+    };
     let mut out = Vec::with_capacity(HEADER + payload.len());
     out.extend_from_slice(MAGIC);
     out.push(FORMAT_VERSION);
@@ -184,10 +192,20 @@ pub(crate) fn seal_held(step: &str) -> Vec<u8> {
     out
 }
 
-/// The name of the step whose unknown outcome holds this record, if it is a hold: exactly
-/// what the engine writes (format 2, the JSON codec's id, result version 0, and
-/// `{"step":"<name>"}` with a valid step name); anything else is not a hold.
-pub fn held_step(bytes: &[u8]) -> Option<String> {
+/// A hold, as read: the step whose outcome is unknown, and whether that step's own record
+/// was given the hold too (`false` only when its write failed; a hold written before holds
+/// carried ids says nothing and reads `true`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Hold {
+    pub(crate) step: String,
+    pub(crate) step_record: bool,
+}
+
+/// The hold this record is, if it is one: exactly what the engine writes (format 2, the
+/// JSON codec's id, result version 0, `{"step":"<name>"}` with a valid step name, and since
+/// holds carry ids, `"hold"` with 16 lowercase hex digits and an optional
+/// `"step_record":false`); anything else is not a hold.
+pub(crate) fn read_hold(bytes: &[u8]) -> Option<Hold> {
     let (header, payload) = header(bytes).ok()?;
     if !header.held
         || header.format != FORMAT_VERSION
@@ -198,11 +216,30 @@ pub fn held_step(bytes: &[u8]) -> Option<String> {
     }
     #[derive(serde::Deserialize)]
     #[serde(deny_unknown_fields)]
-    struct Hold {
+    struct Stored {
         step: String,
+        #[serde(default)]
+        hold: Option<String>,
+        #[serde(default)]
+        step_record: Option<bool>,
     }
-    let hold = serde_json::from_slice::<Hold>(payload).ok()?;
-    crate::engine::step_name_is_valid(&hold.step).then_some(hold.step)
+    let hold = serde_json::from_slice::<Stored>(payload).ok()?;
+    let id_ok =
+        |id: &str| id.len() == 16 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let valid = crate::engine::step_name_is_valid(&hold.step)
+        && hold.hold.as_deref().is_none_or(id_ok)
+        && (hold.step_record != Some(true))
+        && (hold.step_record.is_none() || hold.hold.is_some());
+    valid.then_some(Hold {
+        step: hold.step,
+        step_record: hold.step_record.unwrap_or(true),
+    })
+}
+
+/// The name of the step whose unknown outcome holds this record, if it is a hold (see
+/// [`read_hold`] for what counts as one).
+pub fn held_step(bytes: &[u8]) -> Option<String> {
+    read_hold(bytes).map(|hold| hold.step)
 }
 
 /// Reads the header of a stored record and returns it with the codec's payload, checking
@@ -248,8 +285,18 @@ mod tests {
 
     #[test]
     fn only_the_exact_bytes_of_a_hold_are_one() {
-        let hold = seal_held("charge");
+        let hold = seal_held("charge", 0x1234_5678_9abc_def0, true);
         assert_eq!(held_step(&hold).as_deref(), Some("charge"));
+        let old = [&hold[..HEADER], br#"{"step":"charge"}"#].concat();
+        assert_eq!(
+            held_step(&old).as_deref(),
+            Some("charge"),
+            "a hold without an id"
+        );
+        let unrecorded = seal_held("charge", 7, false);
+        let read = read_hold(&unrecorded).unwrap();
+        assert_eq!((read.step.as_str(), read.step_record), ("charge", false));
+        assert_ne!(seal_held("charge", 1, true), seal_held("charge", 2, true));
         assert!(
             matches!(open(&Json, 7, &hold), Ok((Kind::Held, _))),
             "any version reads it"
@@ -266,6 +313,10 @@ mod tests {
         other_field.extend_from_slice(br#"{"step":"charge","ran":true}"#);
         let mut bad_name = hold[..HEADER].to_vec();
         bad_name.extend_from_slice(br#"{"step":""}"#);
+        let mut bad_id = hold[..HEADER].to_vec();
+        bad_id.extend_from_slice(br#"{"step":"charge","hold":"XYZ"}"#);
+        let mut flag_without_id = hold[..HEADER].to_vec();
+        flag_without_id.extend_from_slice(br#"{"step":"charge","step_record":false}"#);
         for bytes in [
             format_1,
             postcard,
@@ -273,6 +324,8 @@ mod tests {
             not_json,
             other_field,
             bad_name,
+            bad_id,
+            flag_without_id,
         ] {
             assert_eq!(held_step(&bytes), None, "{bytes:?}");
             assert!(

@@ -17,7 +17,7 @@ use super::journal::{self, Ending, Journal, Started, CALL_STEP};
 use super::observe::{count_call, count_held, outcome_label, InFlight, StoreClock};
 use super::release::ReleaseGuard;
 use super::step::Steps;
-use super::{Call, Inner, MissingKey, Origin, RequestPrint};
+use super::{Call, InProgress, Inner, MissingKey, Origin, RequestPrint};
 use bytes::Bytes;
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -224,7 +224,9 @@ impl<C: Codec> Call<'_, C> {
                     // claims again (once).
                     Err(Error::OutcomeUnknown { step, .. }) if !reconciled => {
                         count_held(&key, &step);
-                        if !Box::pin(idem.reconcile(&key, &step)).await? {
+                        let wait = (call.mode == InProgress::Wait).then_some(call.wait_timeout);
+                        let reconcile = idem.reconcile(&key, &step, &payload, wait);
+                        if !Box::pin(reconcile).await? {
                             return Err(Error::OutcomeUnknown { key, step });
                         }
                         reconciled = true;
@@ -361,7 +363,8 @@ where
             // An earlier attempt's body started and left no result: it is not run again.
             Ok(Started::Held) => {
                 guard.disarm();
-                return hold_key(&held, token, CALL_STEP.to_owned(), leased_at).await;
+                let hold = (CALL_STEP.to_owned(), journal.hold_id(), true);
+                return hold_key(&held, token, hold, leased_at).await;
             }
             // ... and a person said what it returned: that is the call's result.
             Ok(Started::Resolved(payload)) => {
@@ -399,12 +402,13 @@ where
     let out = match (journal.ending(), out) {
         // A step's outcome is unknown: whatever the body answered, the key is held (its
         // result is not stored, its claim not given back) until the step is resolved.
-        (Ending::Held(step), _) => {
+        (Ending::Held(step, step_record), _) => {
             guard.disarm();
             if at_most_once {
                 journal.clear_started().await;
             }
-            return hold_key(&held, token, step, beat.leased_at).await;
+            let hold = (step, journal.hold_id(), step_record);
+            return hold_key(&held, token, hold, beat.leased_at).await;
         }
         // A step's record belongs to another payload of the key: this payload is refused,
         // whatever the body answered.
@@ -454,17 +458,17 @@ where
 }
 
 /// Holds the call's key for `step`, whose outcome is unknown: its record completed with a
-/// hold under the claim `token`, whose lease began no earlier than `leased_at`. The call
-/// then answers [`Error::OutcomeUnknown`], or [`Error::OutcomeNotHeld`] if the hold could
-/// not be written.
+/// hold (`id`, and whether the step's own record holds too) under the claim `token`, whose
+/// lease began no earlier than `leased_at`. The call then answers
+/// [`Error::OutcomeUnknown`], or [`Error::OutcomeNotHeld`] if the hold could not be written.
 async fn hold_key<T, E>(
     held: &Steps<'_>,
     token: Token,
-    step: String,
+    (step, id, step_record): (String, u64, bool),
     leased_at: Instant,
 ) -> Result<Happened<T, E>, Error> {
     let key = held.key;
-    let hold = Bytes::from(envelope::seal_held(&step));
+    let hold = Bytes::from(envelope::seal_held(&step, id, step_record));
     if let Err(e) = store_result(held, token, &hold, leased_at + held.lease).await {
         tracing::error!(target: "idem", key = %key, step = %step, error = %e,
             "the step's outcome is unknown and the key could not be held for it: a retry after the lease may run it again");

@@ -102,14 +102,17 @@ struct State {
     reused: bool,
     /// An at-most-once step's body is running: its record says it started.
     started: bool,
+    /// The held step's own record could not be given its hold.
+    hold_not_on_step: bool,
 }
 
 /// How a body's attempt ended, as its steps left it.
 pub(super) enum Ending {
     /// No step is in doubt.
     Clean,
-    /// The outcome of this step is unknown: the key is to be held.
-    Held(String),
+    /// The outcome of this step is unknown: the key is to be held (the flag: whether the
+    /// step's own record holds too).
+    Held(String, bool),
     /// A step's record belongs to another payload of the key.
     Reused {
         /// A step of this attempt may also have taken effect without its record.
@@ -149,6 +152,11 @@ impl Journal {
         JOURNAL.scope(Some(self.clone()), body)
     }
 
+    /// The id of the holds this attempt writes: its claim's token.
+    pub(super) fn hold_id(&self) -> u64 {
+        self.token.0
+    }
+
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         // A step's bookkeeping never panics while it holds the lock.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -158,7 +166,7 @@ impl Journal {
     pub(super) fn ending(&self) -> Ending {
         let state = self.state();
         match (&state.held, state.reused, state.unrecorded) {
-            (Some(step), _, _) => Ending::Held(step.clone()),
+            (Some(step), _, _) => Ending::Held(step.clone(), !state.hold_not_on_step),
             (None, true, unrecorded) => Ending::Reused { unrecorded },
             (None, false, true) => Ending::Unrecorded,
             (None, false, false) => Ending::Clean,
@@ -197,7 +205,7 @@ impl Journal {
             }
             Err(e) => return Err(e),
         };
-        let hold = Bytes::from(envelope::seal_held(CALL_STEP));
+        let hold = Bytes::from(envelope::seal_held(CALL_STEP, self.token.0, true));
         let held = Steps {
             ttl: self.hold_ttl,
             ..self.steps(&key)
@@ -214,7 +222,7 @@ impl Journal {
         let Ok(key) = self.key.step(CALL_STEP) else {
             return;
         };
-        let hold = envelope::seal_held(CALL_STEP);
+        let hold = envelope::seal_held(CALL_STEP, self.token.0, true);
         let store = &*self.store;
         let replace = store.replace(&key, &hold, None);
         let cleared = store_step(store, &self.clock, "replace", self.step_timeout, replace).await;
@@ -743,7 +751,10 @@ where
     let Some(out) = beat.out else {
         guard.disarm();
         journal.unrecorded();
-        return Err(Error::LeaseLost { key }.into());
+        return Err(Error::LeaseLost {
+            key: journal.key.clone(),
+        }
+        .into());
     };
     let lease_ends = beat.leased_at + call.lease;
     let e = match out {
@@ -780,13 +791,15 @@ where
     guard.disarm();
     tracing::warn!(target: "idem", key = %journal.key, step = name,
         "the step's outcome is unknown: the key is held until it is resolved");
-    let hold = Bytes::from(envelope::seal_held(name));
+    let hold = Bytes::from(envelope::seal_held(name, journal.token.0, true));
     let held = Steps {
         ttl: journal.hold_ttl,
         ..journal.steps(&key)
     };
     if store_result(&held, token, &hold, lease_ends).await.is_err() {
         journal.unrecorded();
+        // The key's hold says so: a resolution as ran then writes the step's value itself.
+        journal.state().hold_not_on_step = true;
     }
     journal.hold(name);
     Err(e)
@@ -812,7 +825,7 @@ where
     E: From<Error>,
     P: Ambiguous<E>,
 {
-    let hold = Bytes::from(envelope::seal_held(name));
+    let hold = Bytes::from(envelope::seal_held(name, journal.token.0, true));
     let held = Steps {
         ttl: journal.hold_ttl,
         ..journal.steps(key)
@@ -921,7 +934,7 @@ async fn replay<T: DeserializeOwned>(
     journal.hold(name);
     let store = &*journal.store;
     if store.capabilities().replaces_records {
-        let hold = Bytes::from(envelope::seal_held(name));
+        let hold = Bytes::from(envelope::seal_held(name, journal.token.0, true));
         let replace = store.replace(key, &payload, Some((hold, journal.hold_ttl)));
         let replaced = store_step(
             store,

@@ -228,30 +228,72 @@ impl Idem {
         self.forget_record(key, false).await
     }
 
-    /// [`forget`](Idem::forget), a live claim included: its holder's next step, extend or
-    /// complete is then refused ([`Error::LeaseLost`]), but a body already running goes on
-    /// until then.
+    /// [`forget`](Idem::forget), a live claim included. Only for a holder known to be dead
+    /// or stuck: a body still running goes on, its extend and complete are refused
+    /// ([`Error::LeaseLost`]), but a step it starts within its first lease is not checked
+    /// against the call's record and may run beside the next caller's.
     pub async fn forget_forced(&self, key: &Key) -> Result<bool, Error> {
         self.forget_record(key, true).await
     }
 
     /// Deletes the records of the steps named `steps` of the call keyed `key` (the names
     /// its body gives them; `idem steps` shows them), so that its next attempt runs them
-    /// again; how many there were.
+    /// again; how many there were. A step record still claimed (the step runs now) is
+    /// refused ([`Error::InProgress`], nothing deleted after it); a completed one is deleted
+    /// only as it was read, not a value written since.
     pub async fn forget_steps(&self, key: &Key, steps: &[&str]) -> Result<usize, Error> {
-        let (store, clock) = (&*self.inner.store, observe::StoreClock::default());
         let mut deleted = 0;
         for step in steps {
             let record = key.step(step)?;
-            let delete = store.delete(&record);
-            if store_step(store, &clock, "delete", self.inner.step_timeout, delete)
-                .await
-                .map_err(|source| step::store_error(&record, source))?
-            {
+            if self.forget_step_record(key, &record, None).await? {
                 deleted += 1;
             }
         }
         Ok(deleted)
+    }
+
+    /// Deletes the step record `record` of `key`: refused while claimed, a completed one
+    /// by compare-and-set (only when it is `only`, if given), an ended one outright.
+    async fn forget_step_record(
+        &self,
+        key: &Key,
+        record: &Key,
+        only: Option<&[u8]>,
+    ) -> Result<bool, Error> {
+        let (store, clock) = (&*self.inner.store, observe::StoreClock::default());
+        let limit = self.inner.step_timeout;
+        let on = |source| step::store_error(record, source);
+        match store_step(store, &clock, "get", limit, store.get(record))
+            .await
+            .map_err(on)?
+        {
+            Some(Record::InProgress {
+                lease_remaining, ..
+            }) => Err(Error::InProgress {
+                key: key.clone(),
+                retry_after: lease_remaining,
+            }),
+            Some(Record::Completed { payload, .. }) => {
+                if only.is_some_and(|only| payload[..] != *only) {
+                    return Ok(false);
+                }
+                if !store.capabilities().replaces_records {
+                    let delete = store.delete(record);
+                    return store_step(store, &clock, "delete", limit, delete)
+                        .await
+                        .map_err(on);
+                }
+                let replace = store.replace(record, &payload, None);
+                store_step(store, &clock, "replace", limit, replace)
+                    .await
+                    .map_err(on)
+            }
+            None if only.is_some() => Ok(false),
+            None => store_step(store, &clock, "delete", limit, store.delete(record))
+                .await
+                .map_err(on)
+                .map(|_| false),
+        }
     }
 
     async fn forget_record(&self, key: &Key, force: bool) -> Result<bool, Error> {
@@ -288,8 +330,20 @@ impl Idem {
                 .await
                 .map_err(on)?,
         };
+        // The held step's record goes too, but only while it is a hold: a resolution may have
+        // stored its value since.
         if let Some(step) = held {
-            self.forget_steps(key, &[step.as_str()]).await?;
+            let record = key.step(&step)?;
+            let store = &*self.inner.store;
+            let read = store_step(store, &clock, "get", limit, store.get(&record))
+                .await
+                .map_err(|source| step::store_error(&record, source))?;
+            if let Some(Record::Completed { payload, .. }) = read {
+                if crate::envelope::held_step(&payload).is_some() {
+                    self.forget_step_record(key, &record, Some(&payload))
+                        .await?;
+                }
+            }
         }
         Ok(deleted)
     }

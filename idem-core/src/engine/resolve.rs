@@ -171,6 +171,19 @@ impl Idem {
         step: &str,
         resolution: Resolution,
     ) -> Result<Resolved, Error> {
+        self.resolve_hold(key, step, None, resolution).await
+    }
+
+    /// [`resolve`](Idem::resolve), of the key's hold `asked` when given (the one a reconcile
+    /// hook was asked about): a newer hold of the key is not resolved by an answer about an
+    /// older one, and answers [`Resolved::NotHeld`].
+    async fn resolve_hold(
+        &self,
+        key: &Key,
+        step: &str,
+        asked: Option<&[u8]>,
+        resolution: Resolution,
+    ) -> Result<Resolved, Error> {
         let record_key = key.step(step)?;
         let inner = &*self.inner;
         let store = &*inner.store;
@@ -199,8 +212,17 @@ impl Idem {
             lease: inner.lease,
             ttl: inner.ttl,
         };
+        // The holds this resolution is about: the first ones it reads (or the one a hook was
+        // asked about). A record that changed between a read and a write is read again, and
+        // a newer hold found then is another attempt's, not this resolution's.
+        let mut pinned = Pinned {
+            key: asked.map(Bytes::copy_from_slice),
+            step: None,
+            read: asked.is_some(),
+        };
         for _ in 0..RESOLVE_ATTEMPTS {
-            let Some(done) = steps.attempt(key, &record_key, step, &value).await? else {
+            let attempt = steps.attempt(key, &record_key, step, &mut pinned, &value);
+            let Some(done) = attempt.await? else {
                 continue;
             };
             if done != Resolved::NotHeld {
@@ -227,7 +249,16 @@ impl Idem {
     /// the hook knows: `true` if the key is no longer held. In this process the hook runs
     /// once per key at a time; a caller that waited for another's answer looks again
     /// instead of asking the hook a second time.
-    pub(super) async fn reconcile(&self, key: &Key, step: &str) -> Result<bool, Error> {
+    /// `hold` is the key's hold as the caller read it: the hook's answer resolves that hold
+    /// only. A caller in `Reject` mode does not wait for another's hook (`None` for
+    /// `wait`); one in `Wait` mode waits at most `wait`.
+    pub(super) async fn reconcile(
+        &self,
+        key: &Key,
+        step: &str,
+        hold: &[u8],
+        wait: Option<Duration>,
+    ) -> Result<bool, Error> {
         let Some(hook) = &self.inner.reconciler else {
             return Ok(false);
         };
@@ -238,8 +269,11 @@ impl Idem {
                 Ok(guard) => guard,
                 Err(_) => {
                     // Another caller of this process asks the hook: its answer is what
-                    // this one gets, read from the store.
-                    let _guard = lock.lock().await;
+                    // this one gets, read from the store, if it comes in time.
+                    let Some(wait) = wait else { return Ok(false) };
+                    let Ok(_guard) = tokio::time::timeout(wait, lock.lock()).await else {
+                        return Ok(false);
+                    };
                     return self.held_by(key, step).await.map(|held| !held);
                 }
             };
@@ -253,7 +287,7 @@ impl Idem {
                 return Ok(false);
             };
             tracing::debug!(target: "idem", key = %key, step, took = ?started.elapsed(), "reconciled");
-            let resolved = self.resolve(key, step, resolution).await;
+            let resolved = self.resolve_hold(key, step, Some(hold), resolution).await;
             drop(guard);
             match resolved {
                 Ok(_) => Ok(true),
@@ -280,6 +314,14 @@ impl Idem {
         Ok(matches!(record, Some(Record::Completed { payload, .. })
             if envelope::held_step(&payload).as_deref() == Some(step)))
     }
+}
+
+/// The holds a resolution is about (see [`Idem::resolve_hold`]).
+struct Pinned {
+    key: Option<Bytes>,
+    step: Option<Bytes>,
+    /// Whether they were read (or given) yet.
+    read: bool,
 }
 
 /// What a resolution did to the step's record.
@@ -320,6 +362,7 @@ impl Resolver<'_> {
         key: &Key,
         record_key: &Key,
         step: &str,
+        pinned: &mut Pinned,
         value: &Option<Bytes>,
     ) -> Result<Option<Resolved>, Error> {
         let store = self.store;
@@ -329,11 +372,42 @@ impl Resolver<'_> {
             Some(Record::Completed {
                 fingerprint,
                 payload,
-            }) if envelope::held_step(&payload).as_deref() == Some(step) => {
-                Some((fingerprint, payload))
+            }) => match envelope::read_hold(&payload) {
+                Some(hold) if hold.step == step => Some((fingerprint, payload, hold.step_record)),
+                _ => None,
+            },
+            _ => None,
+        };
+        let step_hold = match &step_record {
+            Some(Record::Completed { payload, .. }) if envelope::held_step(payload).is_some() => {
+                Some(payload.clone())
             }
             _ => None,
         };
+        let key_bytes = key_hold.as_ref().map(|(_, hold, _)| hold.clone());
+        if !pinned.read {
+            *pinned = Pinned {
+                key: key_bytes,
+                step: step_hold,
+                read: true,
+            };
+        } else {
+            // Only the holds this resolution is about: a newer one is another attempt's,
+            // whose step may have run since.
+            let newer_key = pinned.key.is_some() && key_bytes.is_some() && pinned.key != key_bytes;
+            let asked_gone = pinned.key.is_some() && key_bytes.is_none() && pinned.step.is_none();
+            let newer_step = match (&pinned.step, &step_hold) {
+                (Some(read), Some(now)) => read != now,
+                (None, Some(_)) => pinned.key.is_some() && pinned.key != key_bytes,
+                _ => false,
+            };
+            if newer_key || newer_step || asked_gone {
+                return Ok(Some(Resolved::NotHeld));
+            }
+            if pinned.step.is_none() {
+                pinned.step = step_hold;
+            }
+        }
         // What this resolution did to the step's record: wrote it, found nothing to write
         // (not ran, and no record: lifting the key's hold is the whole resolution), or found
         // another resolution's value (or a run's), which it leaves.
@@ -367,7 +441,11 @@ impl Resolver<'_> {
                 (_, None) => return Ok(Some(Resolved::NotHeld)),
                 // Not ran, and no record to delete: the key's hold is all there is.
                 (None, Some(_)) => Wrote::Nothing,
-                (Some(value), Some((fingerprint, _))) => {
+                // The step's hold was there and is gone: another resolution (as not ran)
+                // deleted it and has yet to lift the key's hold. Its answer stands.
+                (Some(_), Some((_, _, true))) => Wrote::Another,
+                // The step's record never got its hold: the value is written here.
+                (Some(value), Some((fingerprint, _, false))) => {
                     let token = Token::random();
                     let claim = store.claim(record_key, fingerprint, token, self.lease);
                     match self.run(record_key, "claim", claim).await? {
@@ -383,7 +461,7 @@ impl Resolver<'_> {
             },
         };
         let lifted = match &key_hold {
-            Some((_, hold)) => {
+            Some((_, hold, _)) => {
                 let replace = store.replace(key, hold, None);
                 self.run(key, "replace", replace).await?
             }
