@@ -93,6 +93,7 @@ mod config;
 mod fingerprint;
 mod future;
 mod identity;
+mod json;
 mod key;
 mod layer;
 mod problem;
@@ -109,14 +110,15 @@ mod client;
 
 pub use body::ResponseBody;
 pub use config::{
-    DEFAULT_MAX_BODY, DEFAULT_MAX_RESPONSE_BODY, DEFAULT_SCOPE, IDEMPOTENCY_KEY,
-    IDEMPOTENCY_KEY_EXPIRES, IDEMPOTENT_REPLAYED, IDEMPOTENT_RETRYABLE, MAX_KEY_LEN,
+    DEFAULT_MAX_BODY, DEFAULT_MAX_RESPONSE_BODY, DEFAULT_UNSIZED_RESPONSE_BYTES,
+    DEFAULT_UNSIZED_RESPONSE_WAIT, IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_EXPIRES,
+    IDEMPOTENT_REPLAYED, IDEMPOTENT_RETRYABLE, IDEMPOTENT_STORED, MAX_KEY_LEN,
 };
 pub use fingerprint::BodyFingerprint;
 pub use future::ResponseFuture;
 pub use identity::{ClientIdentity, SESSION_COOKIES};
 pub use key::IdempotencyKey;
-pub use layer::{Drain, IdempotencyLayer};
+pub use layer::{Drain, IdempotencyLayer, LayerSetupError};
 pub use problem::{IdemError, Problem, PROBLEM_JSON};
 pub use retry_safe::RetrySafe;
 pub use service::IdempotencyService;
