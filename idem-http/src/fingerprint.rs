@@ -107,11 +107,7 @@ mod tests {
         assert_ne!(a, fp(JSON, r#"{"a":1.5,"b":[2,{"c":3,"d":4}]}"#, m));
         assert_eq!(
             fp(Some("application/problem+json"), r#"{"a":-1,"b":0.25}"#, m),
-            fp(
-                Some("Application/Problem+JSON"),
-                r#"{"b":0.25,"a":-1}"#,
-                m
-            )
+            fp(Some("Application/Problem+JSON"), r#"{"b":0.25,"a":-1}"#, m)
         );
     }
 
@@ -180,7 +176,10 @@ mod tests {
             (r#"{"amount":0.25}"#, r#"{"amount":0.250}"#),
             (r#"{"amount":1e2}"#, r#"{"amount":1E2}"#),
             (r#"{"amount":"100"}"#, r#"{"amount":100}"#),
-            (r#"{"n":18446744073709551616}"#, r#"{"n":18446744073709552000}"#),
+            (
+                r#"{"n":18446744073709551616}"#,
+                r#"{"n":18446744073709552000}"#,
+            ),
             (r#"{"amount":1,"amount":2}"#, r#"{"amount":2}"#),
             (r#"{"amount":2,"amount":1}"#, r#"{"amount":1,"amount":2}"#),
         ] {

@@ -120,7 +120,10 @@ impl Reader<'_> {
 
     fn number(&mut self) -> Result<Json, NotRead> {
         let start = self.at;
-        while matches!(self.peek(), Some(b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')) {
+        while matches!(
+            self.peek(),
+            Some(b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
+        ) {
             self.at += 1;
         }
         match std::str::from_utf8(&self.bytes[start..self.at]) {

@@ -81,7 +81,9 @@ impl IdempotencyKey {
             .bytes()
             .any(|b| !(b == b' ' || b == b'\t' || b.is_ascii_graphic()))
         {
-            return Err("is not printable ASCII: use letters, digits and punctuation only".to_owned());
+            return Err(
+                "is not printable ASCII: use letters, digits and punctuation only".to_owned(),
+            );
         }
         if key.trim().is_empty() {
             return Err("is empty".to_owned());

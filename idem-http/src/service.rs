@@ -167,8 +167,7 @@ where
     };
     let fingerprint = fingerprint::of_request(&parts, &bytes, json.as_ref());
     let client = config.identity.of(&parts);
-    let (Some(scope), Some(id)) = (config.scope.as_deref(), stored_id(&client, &client_key))
-    else {
+    let (Some(scope), Some(id)) = (config.scope.as_deref(), stored_id(&client, &client_key)) else {
         return Ok(unidentified(&config, &client).to_response());
     };
     let key = match Key::new(scope, id) {
@@ -521,9 +520,7 @@ where
         (config.max_response_body, None)
     } else {
         (
-            config
-                .max_response_body
-                .min(config.unsized_response_bytes),
+            config.max_response_body.min(config.unsized_response_bytes),
             Some(tokio::time::Instant::now() + config.unsized_response_wait),
         )
     };
@@ -607,7 +604,9 @@ fn without_key(err: &idem_core::Error) -> String {
     use idem_core::Error as E;
     let mut out = match err {
         E::Store { source, .. } => source.to_string(),
-        E::InProgress { .. } | E::WaitTimeout { .. } => "a request with the key is in progress".to_owned(),
+        E::InProgress { .. } | E::WaitTimeout { .. } => {
+            "a request with the key is in progress".to_owned()
+        }
         E::KeyReuse { .. } => "the key was used for another request".to_owned(),
         E::LeaseLost { .. } => "the claim's lease was lost".to_owned(),
         E::Decode { .. } => "the stored record could not be decoded".to_owned(),

@@ -211,10 +211,7 @@ async fn a_streamed_body_over_the_limit_is_413_before_the_handler() {
                 async { "ran" }
             }),
         )
-        .layer(
-            open_layer(idem_core::Idem::new(idem_stores::MemoryStore::new()))
-                .max_body(8),
-        );
+        .layer(open_layer(idem_core::Idem::new(idem_stores::MemoryStore::new())).max_body(8));
     let chunks = futures_chunks(vec!["12345", "67890"]);
     let res = app
         .oneshot(
@@ -307,8 +304,8 @@ async fn an_optional_key_lets_keyless_requests_through_and_guards_the_others() {
 
 #[tokio::test]
 async fn a_custom_header_name_is_the_one_read() {
-    let layer = open_layer(memory_idem())
-        .header(axum::http::HeaderName::from_static("x-request-id"));
+    let layer =
+        open_layer(memory_idem()).header(axum::http::HeaderName::from_static("x-request-id"));
     let (app, _) = counted(layer, StatusCode::OK);
     assert_eq!(
         send(&app, Some(("idempotency-key", "k"))).await.0,
@@ -326,10 +323,7 @@ async fn a_custom_header_name_is_the_one_read() {
 
 #[tokio::test]
 async fn server_errors_are_stored_unless_turned_off_and_client_errors_skipped_when_asked() {
-    let (app, _) = counted(
-        open_layer(memory_idem()),
-        StatusCode::BAD_GATEWAY,
-    );
+    let (app, _) = counted(open_layer(memory_idem()), StatusCode::BAD_GATEWAY);
     assert_eq!(
         send(&app, Some(("idempotency-key", "k"))).await,
         (StatusCode::BAD_GATEWAY, None, "run 1".into())

@@ -75,8 +75,9 @@ pub struct ClientIdentity(pub(crate) Kind);
 /// actix-session and Rails (`id`, `_session_id`), express-session (`connect.sid`), Java
 /// servlets (`JSESSIONID`), Spring Session (`SESSION`), PHP (`PHPSESSID`), Django
 /// (`sessionid`), Laravel (`laravel_session`), ASP.NET (`.AspNetCore.Session`,
-/// `.AspNetCore.Cookies`, `.AspNetCore.Identity.Application`), the plain names `session`,
-/// `sid`, `session_id`, and token cookies (`jwt`, `token`, `access_token`, `auth_token`).
+/// `.AspNetCore.Cookies`, `.AspNetCore.Identity.Application`), Auth.js
+/// (`next-auth.session-token`, `authjs.session-token`), the plain names `session`, `sid`,
+/// `session_id`, and token cookies (`jwt`, `token`, `access_token`, `auth_token`).
 pub const SESSION_COOKIES: &[&str] = &[
     "id",
     "sid",
@@ -95,6 +96,8 @@ pub const SESSION_COOKIES: &[&str] = &[
     "token",
     "access_token",
     "auth_token",
+    "next-auth.session-token",
+    "authjs.session-token",
 ];
 
 /// The headers [`ClientIdentity::credentials`] reads by default.
@@ -639,7 +642,10 @@ mod tests {
         let id = ClientIdentity::credentials().keyed("s");
         for header in ["api-key", "x-auth-token", "x-access-token", "x-api-key"] {
             assert_ne!(who(&id, &[(header, "k1")]), who(&id, &[(header, "k2")]));
-            assert!(matches!(who(&id, &[(header, "k1")]), Client::Credentials(_)));
+            assert!(matches!(
+                who(&id, &[(header, "k1")]),
+                Client::Credentials(_)
+            ));
         }
         assert_eq!(who(&id, &[("authorization", "")]), NONE);
         assert_eq!(who(&id, &[("cookie", "session=")]), NONE);
@@ -653,7 +659,9 @@ mod tests {
                 &id,
                 &[(
                     "authorization",
-                    &format!(r#"Digest username="{user}", realm="api", nonce="{nonce}", uri="/charge", response="{nonce}ff""#),
+                    &format!(
+                        r#"Digest username="{user}", realm="api", nonce="{nonce}", uri="/charge", response="{nonce}ff""#
+                    ),
                 )],
             )
         };
@@ -667,7 +675,10 @@ mod tests {
             who(
                 &id,
                 &[
-                    ("signature-input", &format!(r#"sig1=("@method");created=1;keyid="k-7";nonce="{nonce}""#)),
+                    (
+                        "signature-input",
+                        &format!(r#"sig1=("@method");created=1;keyid="k-7";nonce="{nonce}""#),
+                    ),
                     ("signature", &format!("sig1=:{sig}:")),
                 ],
             )
@@ -675,7 +686,13 @@ mod tests {
         assert_eq!(rfc9421("a", "AAAA"), rfc9421("b", "BBBB"));
         assert!(matches!(rfc9421("a", "AAAA"), Client::Credentials(_)));
         let hawk = |nonce: &str| {
-            who(&id, &[("authorization", &format!(r#"Hawk id="dh37", ts="1", nonce="{nonce}", mac="m{nonce}""#))])
+            who(
+                &id,
+                &[(
+                    "authorization",
+                    &format!(r#"Hawk id="dh37", ts="1", nonce="{nonce}", mac="m{nonce}""#),
+                )],
+            )
         };
         assert_eq!(hawk("x"), hawk("y"));
         // A stable part never digests like a token of the same bytes.
@@ -690,10 +707,15 @@ mod tests {
             who(&id, &[("authorization", "Bearer a")]),
             Client::Unidentified(Unidentified::NoSecret)
         );
-        assert!(ClientIdentity::credentials().unkeyed().setup_error().is_none());
+        assert!(ClientIdentity::credentials()
+            .unkeyed()
+            .setup_error()
+            .is_none());
         let open = ClientIdentity::credentials().keyed("s").share_anonymous();
         assert_eq!(who(&open, &[]), Client::Shared);
         assert!(format!("{:?}", ClientIdentity::credentials().keyed("hunter2")).contains("keyed"));
-        assert!(!format!("{:?}", ClientIdentity::credentials().keyed("hunter2")).contains("hunter2"));
+        assert!(
+            !format!("{:?}", ClientIdentity::credentials().keyed("hunter2")).contains("hunter2")
+        );
     }
 }

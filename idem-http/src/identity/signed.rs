@@ -157,7 +157,9 @@ mod tests {
     #[test]
     fn each_scheme_has_its_stable_part() {
         assert_eq!(
-            part(r#"Digest username="Mufasa", realm="http-auth@example.org", uri="/dir/index.html", algorithm=SHA-256, nonce="7ypf/xlj9XXwfDPEoM4URrv/xwf94BcCAzFZH4GiTo0v", nc=00000001, cnonce="f2/wE4q74E6zIJEtWaHKaf5wv/H5QzzpXusqGemxURZJ", qop=auth, response="753927fa0e85d155564e2e272a28d1802ca10daf4496794697cf8db5856cb6c1", opaque="FQhe/qaU925kfnzjCev0ciny7QMkPqMAFRtzCUYo5tdS""#),
+            part(
+                r#"Digest username="Mufasa", realm="http-auth@example.org", uri="/dir/index.html", algorithm=SHA-256, nonce="7ypf/xlj9XXwfDPEoM4URrv/xwf94BcCAzFZH4GiTo0v", nc=00000001, cnonce="f2/wE4q74E6zIJEtWaHKaf5wv/H5QzzpXusqGemxURZJ", qop=auth, response="753927fa0e85d155564e2e272a28d1802ca10daf4496794697cf8db5856cb6c1", opaque="FQhe/qaU925kfnzjCev0ciny7QMkPqMAFRtzCUYo5tdS""#
+            ),
             Some(("digest".into(), "6:Mufasahttp-auth@example.org".into()))
         );
         assert_eq!(
@@ -165,11 +167,15 @@ mod tests {
             Some(("aws4-hmac-sha256".into(), "AKIAIOSFODNN7EXAMPLE".into()))
         );
         assert_eq!(
-            part(r#"Signature keyId="rsa-key-1",algorithm="hs2019",headers="(request-target) host date",signature="Base64(RSA-SHA512(signing string))""#),
+            part(
+                r#"Signature keyId="rsa-key-1",algorithm="hs2019",headers="(request-target) host date",signature="Base64(RSA-SHA512(signing string))""#
+            ),
             Some(("signature".into(), "rsa-key-1".into()))
         );
         assert_eq!(
-            part(r#"Hawk id="dh37fgj492je", ts="1353832234", nonce="j4h3g2", ext="some-app-ext-data", mac="6R4rV5iE+NPoym+WwjeHzjAGXUtLNIxmo1vpMofpLAE=""#),
+            part(
+                r#"Hawk id="dh37fgj492je", ts="1353832234", nonce="j4h3g2", ext="some-app-ext-data", mac="6R4rV5iE+NPoym+WwjeHzjAGXUtLNIxmo1vpMofpLAE=""#
+            ),
             Some(("hawk".into(), "dh37fgj492je".into()))
         );
         assert_eq!(
@@ -202,7 +208,9 @@ mod tests {
             vec!["test-key-rsa-pss".to_owned()]
         );
         assert_eq!(
-            signature_key_ids(br#"keyId="hmac-key-1",algorithm="hmac-sha256",headers="date",signature="xyz""#),
+            signature_key_ids(
+                br#"keyId="hmac-key-1",algorithm="hmac-sha256",headers="date",signature="xyz""#
+            ),
             vec!["hmac-key-1".to_owned()]
         );
         assert!(signature_key_ids(b"sig1=:dGVzdA==:").is_empty());
