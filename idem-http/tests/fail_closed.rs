@@ -632,6 +632,60 @@ async fn a_body_of_no_known_length_streams_and_is_never_run_twice() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+// --- 6. keys and fingerprints a handler tells apart -------------------------------------------
+
+/// A key from the body is a JSON string that obeys a header key's rules: a number is not
+/// the string of its digits, a control character never reaches the handler, and a body with
+/// the key's member twice has no key. The JSON fingerprint keeps apart what a serde-derive
+/// handler reads differently, and still not re-ordered members.
+async fn body_keys_and_fingerprints_a_handler_tells_apart(backend: Backend) {
+    let Some((idem, _, _dir)) = idem_on(backend).await else {
+        return;
+    };
+    let shop = Arc::new(Shop::default());
+    let layer = IdempotencyLayer::new(idem)
+        .scope(unique_scope("body-keys"))
+        .key_from_json("/id")
+        .client_identity(ClientIdentity::shared());
+    let server = Server::start(routes(shop.clone()).layer(layer)).await;
+    let c = client();
+    let url = server.url("/charge");
+    for (body, says) in [
+        (r#"{"id":1,"amount":100}"#, "a number"),
+        (r#"{"id":"evt\u0000\nINFO forged","amount":100}"#, "printable ASCII"),
+        (r#"{"id":"évt","amount":100}"#, "printable ASCII"),
+        (r#"{"id":"a","id":"b","amount":100}"#, "twice"),
+        (r#"{"id":"1","amount":100,"amount":100}"#, "twice"),
+        (r#"{"id":"","amount":100}"#, "empty"),
+    ] {
+        let (status, kind, problem) = problem_type(post(&c, &url, None, body).await).await;
+        assert_eq!((status, kind.as_str()), (400, "urn:idem:problem:idempotency-key-invalid"), "{body}");
+        assert!(problem["detail"].as_str().unwrap().contains(says), "{body}: {problem}");
+    }
+    assert_eq!(shop.charges(), 0);
+
+    let (s, r, first) = parts(post(&c, &url, None, r#"{"id":"1","amount":100}"#).await).await;
+    assert_eq!((s, r), (201, None));
+    let reordered = "{ \"amount\" : 100,\n \"id\" : \"1\" }";
+    assert_eq!(
+        parts(post(&c, &url, None, reordered).await).await,
+        (201, Some("true".into()), first)
+    );
+    for other in [
+        r#"{"id":"1","amount":1e2}"#,
+        r#"{"id":"1","amount":100.0}"#,
+        r#"{"id":"1","amount":100.0000000000000001}"#,
+    ] {
+        let (status, kind, _) = problem_type(post(&c, &url, None, other).await).await;
+        assert_eq!((status, kind.as_str()), (422, "urn:idem:problem:key-reuse"), "{other}");
+    }
+    let zero = |amount: &str| format!(r#"{{"id":"z","amount":{amount}}}"#);
+    post(&c, &url, None, &zero("0")).await;
+    let (status, _, _) = problem_type(post(&c, &url, None, &zero("-0")).await).await;
+    assert_eq!(status, 422, "-0 is not 0");
+    assert_eq!(shop.charges(), 2);
+}
+
 // --- 7. what misled ------------------------------------------------------------------------------
 
 /// The store fails after the handler ran (a durability level not met): the handler's
@@ -688,4 +742,5 @@ per_backend!(
     a_principal_of_none_names_the_layer_order,
     two_services_on_one_store_never_answer_each_other,
     a_signed_request_is_one_client_across_retries,
+    body_keys_and_fingerprints_a_handler_tells_apart,
 );
