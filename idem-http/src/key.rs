@@ -125,3 +125,37 @@ pub(crate) fn stored_id(client: &Client, key: &IdempotencyKey) -> Option<String>
         Client::Unidentified(_) => return None,
     })
 }
+
+/// The stored key under which a layer with `scope` and `identity` keeps the record of the
+/// idempotency key `key` sent in `request` (its headers are what the identity reads): what
+/// an operator looks up when a customer quotes their `Idempotency-Key` (`idem get --scope`).
+/// `Err` says why there is none: the key breaks a key's rules, or the identity does not
+/// tell the request's client (no credentials, no principal, no secret).
+///
+/// ```
+/// use idem_http::{stored_key, ClientIdentity};
+///
+/// let alice = ClientIdentity::principal(|_| Some("alice".to_owned()));
+/// let request = http::Request::post("/").body(()).unwrap().into_parts().0;
+/// let key = stored_key("payments", &alice, &request, "order-42").unwrap();
+/// assert_eq!(key.as_str(), "payments/5:alice:order-42");
+/// ```
+pub fn stored_key(
+    scope: &str,
+    identity: &crate::ClientIdentity,
+    request: &http::request::Parts,
+    key: &str,
+) -> Result<idem_core::Key, String> {
+    let key = IdempotencyKey::parse(key).map_err(|reason| format!("the key {reason}"))?;
+    let client = identity.of(request);
+    let id = stored_id(&client, &key).ok_or_else(|| match client {
+        Client::Unidentified(crate::identity::Unidentified::NoPrincipal) => {
+            "the principal function found no principal in the request".to_owned()
+        }
+        Client::Unidentified(crate::identity::Unidentified::NoSecret) => {
+            "the credentials identity has no secret (`keyed`) nor `unkeyed`".to_owned()
+        }
+        _ => "the request carries none of the credentials the identity reads".to_owned(),
+    })?;
+    idem_core::Key::new(scope, id).map_err(|err| err.to_string())
+}

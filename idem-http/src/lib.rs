@@ -140,7 +140,7 @@ pub use config::{
 pub use fingerprint::BodyFingerprint;
 pub use future::ResponseFuture;
 pub use identity::{ClientIdentity, SESSION_COOKIES};
-pub use key::IdempotencyKey;
+pub use key::{stored_key, IdempotencyKey};
 pub use layer::{Drain, IdempotencyLayer, LayerSetupError};
 pub use problem::{IdemError, Problem, PROBLEM_JSON};
 pub use retry_safe::RetrySafe;

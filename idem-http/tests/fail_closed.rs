@@ -463,7 +463,7 @@ async fn a_store_dump_does_not_let_a_password_be_guessed() {
         };
         let layer = IdempotencyLayer::new(idem)
             .scope("payments")
-            .client_identity(identity);
+            .client_identity(identity.clone());
         let server = Server::start(routes(Arc::default()).layer(layer)).await;
         let c = client();
         let (s, _, _) = parts(
@@ -652,15 +652,25 @@ async fn body_keys_and_fingerprints_a_handler_tells_apart(backend: Backend) {
     let url = server.url("/charge");
     for (body, says) in [
         (r#"{"id":1,"amount":100}"#, "a number"),
-        (r#"{"id":"evt\u0000\nINFO forged","amount":100}"#, "printable ASCII"),
+        (
+            r#"{"id":"evt\u0000\nINFO forged","amount":100}"#,
+            "printable ASCII",
+        ),
         (r#"{"id":"évt","amount":100}"#, "printable ASCII"),
         (r#"{"id":"a","id":"b","amount":100}"#, "twice"),
         (r#"{"id":"1","amount":100,"amount":100}"#, "twice"),
         (r#"{"id":"","amount":100}"#, "empty"),
     ] {
         let (status, kind, problem) = problem_type(post(&c, &url, None, body).await).await;
-        assert_eq!((status, kind.as_str()), (400, "urn:idem:problem:idempotency-key-invalid"), "{body}");
-        assert!(problem["detail"].as_str().unwrap().contains(says), "{body}: {problem}");
+        assert_eq!(
+            (status, kind.as_str()),
+            (400, "urn:idem:problem:idempotency-key-invalid"),
+            "{body}"
+        );
+        assert!(
+            problem["detail"].as_str().unwrap().contains(says),
+            "{body}: {problem}"
+        );
     }
     assert_eq!(shop.charges(), 0);
 
@@ -677,7 +687,11 @@ async fn body_keys_and_fingerprints_a_handler_tells_apart(backend: Backend) {
         r#"{"id":"1","amount":100.0000000000000001}"#,
     ] {
         let (status, kind, _) = problem_type(post(&c, &url, None, other).await).await;
-        assert_eq!((status, kind.as_str()), (422, "urn:idem:problem:key-reuse"), "{other}");
+        assert_eq!(
+            (status, kind.as_str()),
+            (422, "urn:idem:problem:key-reuse"),
+            "{other}"
+        );
     }
     let zero = |amount: &str| format!(r#"{{"id":"z","amount":{amount}}}"#);
     post(&c, &url, None, &zero("0")).await;
