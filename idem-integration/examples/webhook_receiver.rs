@@ -61,11 +61,14 @@ async fn payment_event(State(done): State<Arc<Fulfilled>>, Json(event): Json<Eve
 }
 
 /// The receiver's routes on `idem`: the event id at `/id` is the key. Event ids are the
-/// provider's, and webhooks carry no user's credentials, so keys are shared (a signature
-/// check, in front of this layer, is what tells the provider's requests from others).
+/// provider's, and webhooks carry no user's credentials, so keys are shared, written down
+/// with `ClientIdentity::shared()` (a signature check, in front of this layer, is what tells
+/// the provider's requests from others: without it, anyone who posts an event id first
+/// holds it). The scope names this receiver, so that another service on the same store,
+/// seeing the same event ids, never answers from its records.
 pub fn app(idem: idem::Idem, done: Arc<Fulfilled>) -> Router {
     let idempotency = IdempotencyLayer::new(idem)
-        .scope("webhooks")
+        .scope("webhook_receiver.payments")
         .key_from_json("/id")
         .client_identity(ClientIdentity::shared());
     Router::new()
