@@ -118,6 +118,12 @@ where
         },
         _ => None,
     };
+    // Who sent it, before its body is read: a request whose client the layer cannot tell is
+    // refused at once (a key from the body is read first, since a body without one may pass).
+    let client = config.identity.of(&parts);
+    if header_key.is_some() && matches!(client, Client::Unidentified(_)) {
+        return Ok(unidentified(&config, &client).to_response());
+    }
     if config.draining.load(Ordering::SeqCst) {
         return Ok(retryable(Problem::shutting_down().to_response()));
     }
@@ -166,13 +172,16 @@ where
         _ => None,
     };
     let fingerprint = fingerprint::of_request(&parts, &bytes, json.as_ref());
-    let client = config.identity.of(&parts);
     let (Some(scope), Some(id)) = (config.scope.as_deref(), stored_id(&client, &client_key)) else {
         return Ok(unidentified(&config, &client).to_response());
     };
-    let key = match Key::new(scope, id) {
-        Ok(key) => key,
-        Err(err) => return Ok(Problem::from_error(&err).to_response()),
+    // The error's own text would show the stored id, which may hold a credentials digest.
+    let Ok(key) = Key::new(scope, id) else {
+        return Ok(Problem::invalid_key(
+            &config.header,
+            "the idempotency key, with its client's name, is over the store's key length; send a shorter key".to_owned(),
+        )
+        .to_response());
     };
     // What an operator may see of the stored key: never a digest of credentials.
     let shown_key = match client {

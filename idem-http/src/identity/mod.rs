@@ -46,7 +46,10 @@ const CREDENTIALS_CONTEXT: &str = "idem-http 2026-12 client credentials v1";
 /// (the user name, the access key id, the `keyId`), since its nonce and signature change on
 /// every attempt. The layer checks no signature and no password: the layer that does must
 /// run before this one (outside it), or a forged request naming another client's key id
-/// would be that client. A client whose credentials change between two retries (a
+/// would be that client. These headers and cookies are taken for secrets: a service whose
+/// requests carry one that is not (a public app id in `X-Api-Key`, beside mTLS) tells its
+/// clients with [`principal`](Self::principal) instead, or every request with that value
+/// is one client. A client whose credentials change between two retries (a
 /// refreshed token, a rotated session) is a new client, and its retry runs again: use
 /// [`principal`](Self::principal) with the user's id there.
 ///
@@ -252,9 +255,11 @@ impl ClientIdentity {
 
     /// A client is its principal, as `principal` finds it in the request: the user an
     /// authentication layer outside this one left in the request's extensions (a client
-    /// certificate's subject your TLS acceptor put there, too). `None` is never a shared
-    /// key space: the request is answered 500 `client-unidentified`, since the usual cause
-    /// is an authentication layer placed inside this one, which has not run yet.
+    /// certificate's subject your TLS acceptor put there, too). `None` (or an empty
+    /// principal) is never a shared key space: the request is answered 500
+    /// `client-unidentified`, since the usual cause is an authentication layer placed inside
+    /// this one, which has not run yet. An endpoint that takes anonymous requests on purpose
+    /// says so in `principal`: `.or_else(|| Some("anonymous".to_owned()))`.
     ///
     /// ```
     /// use idem_http::ClientIdentity;
@@ -286,9 +291,11 @@ impl ClientIdentity {
     pub(crate) fn of(&self, parts: &Parts) -> Client {
         match &self.0 {
             Kind::Shared => Client::Shared,
+            // An empty principal is no principal (a user id field left empty), never one
+            // key space for every request that has it.
             Kind::Principal(f) => match f(parts) {
-                Some(p) => Client::Principal(p),
-                None => Client::Unidentified(Unidentified::NoPrincipal),
+                Some(p) if !p.trim().is_empty() => Client::Principal(p),
+                _ => Client::Unidentified(Unidentified::NoPrincipal),
             },
             Kind::Credentials {
                 headers,
@@ -601,6 +608,11 @@ mod tests {
         assert_eq!(
             who(&id, &[("authorization", "a")]),
             Client::Unidentified(Unidentified::NoPrincipal)
+        );
+        assert_eq!(
+            who(&id, &[("x-user", " ")]),
+            Client::Unidentified(Unidentified::NoPrincipal),
+            "an empty principal is none"
         );
         assert_eq!(
             who(&ClientIdentity::shared(), &[("authorization", "a")]),
