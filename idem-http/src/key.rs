@@ -149,10 +149,10 @@ pub fn stored_key(
     let key = IdempotencyKey::parse(key).map_err(|reason| format!("the key {reason}"))?;
     let client = identity.of(request);
     let id = stored_id(&client, &key).ok_or_else(|| match client {
-        Client::Unidentified(crate::identity::Unidentified::NoPrincipal) => {
+        Client::Unidentified(crate::identity::Missing::Principal) => {
             "the principal function found no principal in the request".to_owned()
         }
-        Client::Unidentified(crate::identity::Unidentified::NoSecret) => {
+        Client::Unidentified(crate::identity::Missing::Secret) => {
             "the credentials identity has no secret (`keyed`) nor `unkeyed`".to_owned()
         }
         _ => "the request carries none of the credentials the identity reads".to_owned(),

@@ -23,7 +23,7 @@ use crate::config::{
 };
 use crate::fingerprint::{self, BodyFingerprint};
 use crate::future::ResponseFuture;
-use crate::identity::{Client, Unidentified};
+use crate::identity::{Client, Missing};
 use crate::json::{Json, NotRead};
 use crate::key::{stored_id, IdempotencyKey};
 use crate::problem::Problem;
@@ -183,11 +183,6 @@ where
         )
         .to_response());
     };
-    // What an operator may see of the stored key: never a digest of credentials.
-    let shown_key = match client {
-        Client::Credentials(_) => None,
-        _ => Some(key.clone()),
-    };
     let key_text = client_key.as_str().to_owned();
     parts.extensions.insert(client_key);
     let req = Request::from_parts(parts, ReqBody::from(bytes));
@@ -201,7 +196,6 @@ where
         req,
         Guarded {
             key,
-            shown_key,
             client_key: key_text,
             fingerprint,
         },
@@ -232,24 +226,24 @@ fn unidentified(config: &Config, client: &Client) -> Problem {
     let why = match client {
         Client::Unidentified(why) => *why,
         // Only a layer built without its checks has no scope.
-        _ => Unidentified::NoSecret,
+        _ => Missing::Secret,
     };
     let bit = 1u8 << (why as u8);
     let first = config.warned_unidentified.fetch_or(bit, Ordering::Relaxed) & bit == 0;
     match why {
-        Unidentified::NoCredentials => {
+        Missing::Credentials => {
             if first {
                 tracing::warn!(target: "idem_http", "a guarded request carried none of the credentials that tell clients apart (Authorization, an API key header, a session cookie, a signature's key id) and was answered 400 client-unidentified; if the service authenticates otherwise (mTLS, another header or cookie), name the client with `.principal(..)` from what the authentication layer found, or `ClientIdentity::credentials().with_header(..)` / `.cookies(..)`; `.share_anonymous()` shares one key space among such requests on purpose (warned once)");
             }
             Problem::client_unidentified()
         }
-        Unidentified::NoPrincipal => {
+        Missing::Principal => {
             if first {
                 tracing::warn!(target: "idem_http", "the idempotency layer's principal function answered None, so the request was answered 500 client-unidentified: is the authentication layer inside the idempotency layer? With axum the later `.layer(..)`/`.route_layer(..)` call is the outer one: `.route_layer(idempotency).route_layer(auth)` (warned once)");
             }
             Problem::principal_missing()
         }
-        Unidentified::NoSecret => {
+        Missing::Secret => {
             if first {
                 tracing::error!(target: "idem_http", "the idempotency layer runs without its setup (a scope and a keyed client identity): `IdempotencyLayer::check` says what is missing (warned once)");
             }
@@ -299,12 +293,10 @@ fn body_key(
     Some(IdempotencyKey::from_body_value(&text))
 }
 
-/// One guarded request's key: the stored one, what of it a log may show, and the
-/// client's own.
+/// One guarded request's key: the stored one (whose `Display` never shows a credentials
+/// digest) and the client's own.
 struct Guarded {
     key: Key,
-    /// `None` when the stored key holds a digest of the client's credentials.
-    shown_key: Option<Key>,
     client_key: String,
     fingerprint: idem_core::Fingerprint,
 }
@@ -344,10 +336,11 @@ where
 {
     let Guarded {
         key,
-        shown_key,
         client_key,
         fingerprint,
     } = guarded;
+    // For the log of a held key: the operator resolves the stored key, not the client's.
+    let stored_key = key.clone();
     let scope = key.scope().to_owned();
     let mut call = config
         .idem
@@ -454,10 +447,9 @@ where
         // only get this answer again until the step is resolved.
         Err(Failure::Idem(err @ idem_core::Error::OutcomeUnknown { .. })) => {
             if let idem_core::Error::OutcomeUnknown { step, .. } = &err {
-                let stored = shown_key.as_ref().map(|k| k.to_string());
                 if ran.load(Ordering::SeqCst) {
-                    tracing::warn!(target: "idem_http", scope = %scope, idempotency_key = %client_key.escape_debug(), stored_key = stored.as_deref().unwrap_or("(holds the client's credentials digest: `idem get --scope .. --idempotency-key .. --credential ..` finds it)"), step = %step,
-                        "an idempotent request's step has an unknown outcome: its key is held until the step is resolved (`idem steps` / `idem resolve` with the stored key)");
+                    tracing::warn!(target: "idem_http", key = %stored_key, step = %step,
+                        "an idempotent request's step has an unknown outcome: its key is held until the step is resolved (`idem steps` / `idem resolve` with this key; `idem get --scope .. --idempotency-key ..` finds a key whose client is `@[client]`)");
                 } else {
                     tracing::debug!(target: "idem_http", scope = %scope, idempotency_key = %client_key.escape_debug(), step = %step,
                         "a request on a held key: its step's outcome is still unknown");

@@ -33,9 +33,9 @@ const CREDENTIALS_CONTEXT: &str = "idem-http 2026-12 client credentials v1";
 ///
 /// With `credentials()`, no credential is stored: only a 128-bit blake3 digest of them,
 /// keyed with a secret of the deployment ([`keyed`](Self::keyed)), so that nobody who reads
-/// the store, a trace or a log can test guesses of a weak password against it. The layer
-/// does not build with an unkeyed digest unless the service says so by name
-/// ([`unkeyed`](Self::unkeyed)).
+/// the store can test guesses of a weak password against it; a trace or a log shows the
+/// stored key as `scope/@[client]:key`, without the digest. The layer does not build with
+/// an unkeyed digest unless the service says so by name ([`unkeyed`](Self::unkeyed)).
 ///
 /// A session cookie is one whose name (after a `__Host-` or `__Secure-` prefix, in any
 /// case) is in [`SESSION_COOKIES`] or ends in `_session`, `-session` or `.session` (Rails'
@@ -295,7 +295,7 @@ impl ClientIdentity {
             // key space for every request that has it.
             Kind::Principal(f) => match f(parts) {
                 Some(p) if !p.trim().is_empty() => Client::Principal(p),
-                _ => Client::Unidentified(Unidentified::NoPrincipal),
+                _ => Client::Unidentified(Missing::Principal),
             },
             Kind::Credentials {
                 headers,
@@ -306,12 +306,12 @@ impl ClientIdentity {
                 let key = match key {
                     DigestKey::Keyed(key) => Some(key),
                     DigestKey::Unkeyed => None,
-                    DigestKey::Missing => return Client::Unidentified(Unidentified::NoSecret),
+                    DigestKey::Missing => return Client::Unidentified(Missing::Secret),
                 };
                 match credentials_digest(parts, headers, cookies, key) {
                     Some(hex) => Client::Credentials(hex),
                     None if *share_anonymous => Client::Shared,
-                    None => Client::Unidentified(Unidentified::NoCredentials),
+                    None => Client::Unidentified(Missing::Credentials),
                 }
             }
         }
@@ -361,18 +361,18 @@ pub(crate) enum Client {
     /// The hex digest of the credentials.
     Credentials(String),
     /// Not told: the request is refused.
-    Unidentified(Unidentified),
+    Unidentified(Missing),
 }
 
-/// Why a request's client could not be told.
+/// What a request lacked for its client to be told.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Unidentified {
+pub(crate) enum Missing {
     /// None of the credentials the identity reads.
-    NoCredentials,
+    Credentials,
     /// The principal function answered `None`.
-    NoPrincipal,
+    Principal,
     /// The digest has no key (the layer's setup check prevents it).
-    NoSecret,
+    Secret,
 }
 
 /// Whether `name` is a session cookie of [`Cookies::Sessions`].
@@ -491,7 +491,7 @@ fn credentials_digest(
 mod tests {
     use super::*;
 
-    const NONE: Client = Client::Unidentified(Unidentified::NoCredentials);
+    const NONE: Client = Client::Unidentified(Missing::Credentials);
 
     fn parts(headers: &[(&str, &str)]) -> Parts {
         let mut req = http::Request::post("/");
@@ -607,11 +607,11 @@ mod tests {
         );
         assert_eq!(
             who(&id, &[("authorization", "a")]),
-            Client::Unidentified(Unidentified::NoPrincipal)
+            Client::Unidentified(Missing::Principal)
         );
         assert_eq!(
             who(&id, &[("x-user", " ")]),
-            Client::Unidentified(Unidentified::NoPrincipal),
+            Client::Unidentified(Missing::Principal),
             "an empty principal is none"
         );
         assert_eq!(
@@ -717,7 +717,7 @@ mod tests {
         assert!(id.setup_error().is_some());
         assert_eq!(
             who(&id, &[("authorization", "Bearer a")]),
-            Client::Unidentified(Unidentified::NoSecret)
+            Client::Unidentified(Missing::Secret)
         );
         assert!(ClientIdentity::credentials()
             .unkeyed()

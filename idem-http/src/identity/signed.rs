@@ -19,7 +19,7 @@
 /// the scheme lowercase; `None` for any other scheme (Bearer, Basic), which counts whole.
 pub(crate) fn stable_part(authorization: &[u8]) -> Option<(String, String)> {
     let text = std::str::from_utf8(authorization).ok()?.trim();
-    let (scheme, rest) = match text.split_once(|c: char| c == ' ' || c == '\t') {
+    let (scheme, rest) = match text.split_once([' ', '\t']) {
         Some((scheme, rest)) => (scheme, rest.trim()),
         None => (text, ""),
     };
