@@ -712,6 +712,86 @@ async fn body_keys_and_fingerprints_a_handler_tells_apart(backend: Backend) {
     assert_eq!(shop.charges(), 2);
 }
 
+/// Hostile JSON through a real listener: a body nested far deeper than serde_json reads, a
+/// number of ten thousand digits, one past `f64`: each is a request like any other (its
+/// retry replays, another body is 422), and the server lives on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_json_is_a_request_like_any_other() {
+    let shop = Arc::new(Shop::default());
+    let app = routes(shop.clone()).layer(open_layer(Idem::new(MemoryStore::new())));
+    let server = Server::start(app).await;
+    let c = client();
+    let url = server.url("/charge");
+    let deep = format!("{}{}", "[".repeat(200_000), "]".repeat(200_000));
+    let digits = "7".repeat(10_000);
+    let long = format!(r#"{{"amount":{digits}}}"#);
+    let longer = format!(r#"{{"amount":{digits}8}}"#);
+    let bodies = [deep.as_str(), long.as_str(), r#"{"amount":1e999999}"#];
+    for (i, body) in bodies.iter().enumerate() {
+        let key = format!("hostile-{i}");
+        let (s, r, first) = parts(post(&c, &url, Some(&key), body).await).await;
+        assert_eq!((s, r), (201, None), "body {i}");
+        let (s, r, again) = parts(post(&c, &url, Some(&key), body).await).await;
+        assert_eq!(
+            (s, r.as_deref(), again),
+            (201, Some("true"), first),
+            "body {i}"
+        );
+    }
+    let (status, _, _) = problem_type(post(&c, &url, Some("hostile-1"), &longer).await).await;
+    assert_eq!(status, 422, "one digit more is another request");
+    assert_eq!(shop.charges(), bodies.len());
+}
+
+#[derive(Clone)]
+struct PeerCertificate(String);
+
+/// mTLS: the TLS acceptor leaves the client certificate's subject in the extensions, and
+/// the principal is read from there: two certificates are two clients, a connection without
+/// one is refused.
+async fn mtls_clients_are_their_certificates(backend: Backend) {
+    let Some((idem, _, _dir)) = idem_on(backend).await else {
+        return;
+    };
+    let shop = Arc::new(Shop::default());
+    let layer = IdempotencyLayer::new(idem)
+        .scope(unique_scope("mtls"))
+        .principal(|parts| {
+            parts
+                .extensions
+                .get::<PeerCertificate>()
+                .map(|c| c.0.clone())
+        });
+    // Stands for the TLS acceptor: what it verified, as an extension (here from a header
+    // only the test writes).
+    let acceptor = axum::middleware::from_fn(|mut req: Request, next: Next| async move {
+        let subject = req
+            .headers()
+            .get("x-test-peer")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        if let Some(subject) = subject {
+            req.extensions_mut().insert(PeerCertificate(subject));
+        }
+        next.run(req).await
+    });
+    let app = routes(shop.clone()).route_layer(layer).layer(acceptor);
+    let server = Server::start(app).await;
+    let c = client();
+    let url = server.url("/charge");
+    let a = [("x-test-peer", "CN=shop-a")];
+    let b = [("x-test-peer", "CN=shop-b")];
+    let (_, r1, first) = parts(send(&c, &url, "k", &a, ORDER).await).await;
+    let (_, r2, other) = parts(send(&c, &url, "k", &b, ORDER).await).await;
+    let (_, r3, again) = parts(send(&c, &url, "k", &a, ORDER).await).await;
+    assert_eq!((r1, r2, r3.as_deref()), (None, None, Some("true")));
+    assert_ne!(first, other);
+    assert_eq!(first, again);
+    let (status, _, _) = problem_type(send(&c, &url, "k", &[], ORDER).await).await;
+    assert_eq!(status, 500);
+    assert_eq!(shop.charges(), 2);
+}
+
 // --- 7. what misled ------------------------------------------------------------------------------
 
 /// The store fails after the handler ran (a durability level not met): the handler's
@@ -769,4 +849,5 @@ per_backend!(
     two_services_on_one_store_never_answer_each_other,
     a_signed_request_is_one_client_across_retries,
     body_keys_and_fingerprints_a_handler_tells_apart,
+    mtls_clients_are_their_certificates,
 );
