@@ -99,7 +99,7 @@ async fn verify_signature(req: Request, next: Next) -> Response {
 }
 
 fn from_hex(hex: &str) -> Option<Vec<u8>> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return None;
     }
     (0..hex.len())
