@@ -214,10 +214,10 @@ impl HttpKey {
         let mut request = http::Request::post("/");
         for line in &self.credential {
             let Some((name, value)) = line.split_once(':') else {
-                return Err(usage(format!(
-                    "--credential `{}` is not `Name: value`",
-                    line.split(':').next().unwrap_or_default()
-                )));
+                // Not echoed: the argument may be a token with its colon forgotten.
+                return Err(usage(
+                    "a --credential is not `Name: value` (e.g. `Authorization: Bearer ...`)".into(),
+                ));
             };
             let name = http::HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
                 usage(format!(
