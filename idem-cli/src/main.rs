@@ -15,12 +15,16 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use idem_core::envelope;
 use idem_core::{Error, Idem, Key, Resolution, Resolved, StoreError};
+use idem_http::ClientIdentity;
 use idem_stores::admin::{self, Admin, AdminError, DeleteOptions, Deletion, RecordInfo};
 use serde_json::{json, Value};
 
 const EXAMPLES: &str = "\
 Examples:
   idem get postgres://app@db/payments billing::charge/order-42
+  idem get postgres://app@db/payments --scope payments --idempotency-key 8e03978e-40d5 --principal cus_42
+  IDEM_HTTP_SECRET=... idem get redis://cache --scope payments --idempotency-key 8e03978e-40d5 \
+      --credential 'Authorization: Bearer <the customer's token>' --secret-env IDEM_HTTP_SECRET
   idem get --json 'sqlite:///var/lib/app/idem.db' billing::charge/order-42 | jq .state
   idem delete rediss://:secret@cache:6380 billing::charge/order-42
   idem delete --dry-run postgres://app@db/payments billing::charge/order-43
@@ -56,11 +60,19 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Show the record under a key: state, fingerprint, token, time left, sizes, payload.
+    /// For the HTTP layer, `--scope` and `--idempotency-key` with the client find the record
+    /// of a customer's `Idempotency-Key`.
     Get {
         #[command(flatten)]
         target: Target,
         /// The key, `scope/id` (the scope as `#[idempotent]` names it, the id as given).
-        key: String,
+        #[arg(
+            required_unless_present = "idempotency_key",
+            conflicts_with = "idempotency_key"
+        )]
+        key: Option<String>,
+        #[command(flatten)]
+        http: HttpKey,
     },
     /// Delete the record under a key, so that the next call runs its body again. A live
     /// claim (a call still running) is refused without `--force`: deleting it lets a
@@ -158,6 +170,98 @@ struct Target {
     /// Print JSON, for scripts.
     #[arg(long)]
     json: bool,
+}
+
+/// A request's key as the HTTP layer stores it: the service's scope, the customer's
+/// `Idempotency-Key`, and its client, as the layer's identity tells it.
+#[derive(Args)]
+struct HttpKey {
+    /// The HTTP layer's scope (`IdempotencyLayer::scope`).
+    #[arg(long, requires = "idempotency_key")]
+    scope: Option<String>,
+    /// The customer's `Idempotency-Key`, as they sent it.
+    #[arg(long, requires = "scope")]
+    idempotency_key: Option<String>,
+    /// The client is this principal (`ClientIdentity::principal`: the user id the
+    /// service's authentication found).
+    #[arg(long, conflicts_with_all = ["shared", "credential"])]
+    principal: Option<String>,
+    /// The key space is shared (`ClientIdentity::shared`, `share_anonymous`).
+    #[arg(long, conflicts_with = "credential")]
+    shared: bool,
+    /// A credential header of the client, `Name: value` (`ClientIdentity::credentials`;
+    /// repeat for several; a cookie as `Cookie: session=...`).
+    #[arg(long)]
+    credential: Vec<String>,
+    /// The environment variable that holds the layer's secret (`ClientIdentity::keyed`);
+    /// never on the command line, where other users of the machine see it.
+    #[arg(long, requires = "credential", conflicts_with = "unkeyed")]
+    secret_env: Option<String>,
+    /// The layer digests credentials without a secret (`ClientIdentity::unkeyed`).
+    #[arg(long, requires = "credential")]
+    unkeyed: bool,
+}
+
+impl HttpKey {
+    /// The stored key the HTTP layer keeps this customer's key under.
+    fn stored_key(&self) -> Result<Key, Failure> {
+        let usage = |m: String| Failure(USAGE, m);
+        let (Some(scope), Some(key)) = (&self.scope, &self.idempotency_key) else {
+            return Err(usage(
+                "give a key (`scope/id`) or `--scope` and `--idempotency-key`".into(),
+            ));
+        };
+        let mut request = http::Request::post("/");
+        for line in &self.credential {
+            let Some((name, value)) = line.split_once(':') else {
+                // Not echoed: the argument may be a token with its colon forgotten.
+                return Err(usage(
+                    "a --credential is not `Name: value` (e.g. `Authorization: Bearer ...`)".into(),
+                ));
+            };
+            let name = http::HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
+                usage(format!(
+                    "--credential: `{}` is not a header name",
+                    name.trim()
+                ))
+            })?;
+            let value = http::HeaderValue::from_str(value.trim()).map_err(|_| {
+                usage(format!(
+                    "--credential `{name}`: the value is not a valid header value"
+                ))
+            })?;
+            request = request.header(name, value);
+        }
+        let request = request
+            .body(())
+            .map_err(|e| usage(format!("--credential: {e}")))?
+            .into_parts()
+            .0;
+        let identity = if let Some(principal) = &self.principal {
+            let principal = principal.clone();
+            ClientIdentity::principal(move |_| Some(principal.clone()))
+        } else if self.shared {
+            ClientIdentity::shared()
+        } else if self.credential.is_empty() {
+            return Err(usage("name the client: `--principal`, `--shared`, or `--credential` with `--secret-env` (or `--unkeyed`)".into()));
+        } else if let Some(var) = &self.secret_env {
+            let secret = std::env::var_os(var)
+                .ok_or_else(|| usage(format!("--secret-env: the environment has no `{var}`")))?;
+            ClientIdentity::credentials().keyed(secret.as_encoded_bytes())
+        } else if self.unkeyed {
+            ClientIdentity::credentials().unkeyed()
+        } else {
+            return Err(usage(
+                "--credential needs the layer's secret: `--secret-env VAR` (or `--unkeyed`)".into(),
+            ));
+        };
+        idem_http::stored_key(scope, &identity, &request, key).map_err(|reason| {
+            usage(format!(
+                "no stored key for `{}`: {reason}",
+                key.escape_debug()
+            ))
+        })
+    }
 }
 
 /// What a command failed with: its message and exit code.
@@ -323,8 +427,11 @@ fn step_json(info: Option<&RecordInfo>) -> Value {
 /// Runs the command; answers what to print and the exit code.
 async fn run(command: Command) -> Result<(String, u8), Failure> {
     match command {
-        Command::Get { target, key } => {
-            let key = parse_key(&key)?;
+        Command::Get { target, key, http } => {
+            let key = match key {
+                Some(key) => parse_key(&key)?,
+                None => http.stored_key()?,
+            };
             let store = open(&target, false).await?;
             let Some(info) = store.describe(&key).await? else {
                 return Err(Failure(NOT_FOUND, format!("no live record under `{key}`")));

@@ -717,3 +717,74 @@ fn help_shows_an_example_and_bad_input_is_named() {
     assert_eq!(code, 2);
     assert!(err.contains("unknown store URL scheme `mongodb`"), "{err}");
 }
+
+/// An operator finds the HTTP layer's record of a customer's `Idempotency-Key` from the
+/// scope, the key and the client: a principal, or the client's credential with the layer's
+/// secret (read from the environment). Another secret finds nothing.
+#[tokio::test]
+async fn get_finds_an_http_record_by_the_customers_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("idem.db").display());
+    let (code, _, err) = idem_cmd(&["migrate", &format!("{url}?mode=rwc")]);
+    assert_eq!(code, 0, "{err}");
+    let store = idem::stores::SqliteStore::builder()
+        .migrate(false)
+        .connect(&url)
+        .await
+        .unwrap();
+    let idem = Idem::new(store);
+    let secret = "the deployment's secret";
+    let request = http::Request::post("/charge")
+        .header("authorization", "Bearer tok_alice")
+        .body(())
+        .unwrap()
+        .into_parts()
+        .0;
+    let by_credentials = idem_http::ClientIdentity::credentials().keyed(secret);
+    let by_principal = idem_http::ClientIdentity::principal(|_| Some("cus_42".to_owned()));
+    for identity in [&by_credentials, &by_principal] {
+        let key = idem_http::stored_key("payments", identity, &request, "8e03978e").unwrap();
+        let _: u32 = idem
+            .call(key, Fingerprint::of(&"body"))
+            .run(|| async { 7 })
+            .await
+            .unwrap();
+    }
+    let http = ["--scope", "payments", "--idempotency-key", "8e03978e"];
+    let run = |extra: &[&str], secret: Option<&str>| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idem"));
+        cmd.args(["get", &url, "--json"]).args(http).args(extra);
+        if let Some(secret) = secret {
+            cmd.env("IDEM_HTTP_SECRET", secret);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.code().unwrap(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let credential = [
+        "--credential",
+        "Authorization: Bearer tok_alice",
+        "--secret-env",
+        "IDEM_HTTP_SECRET",
+    ];
+    let (code, out, err) = run(&credential, Some(secret));
+    assert_eq!(code, 0, "{err}");
+    let found: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(found["state"], "completed");
+    assert!(found["key"].as_str().unwrap().starts_with("payments/@"));
+    let (code, _, _) = run(&credential, Some("another secret"));
+    assert_eq!(code, 4, "another secret is another client: no record");
+    let (code, _, err) = run(&credential, None);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("IDEM_HTTP_SECRET"), "{err}");
+    let (code, out, err) = run(&["--principal", "cus_42"], None);
+    assert_eq!(code, 0, "{err}");
+    let found: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(found["key"], "payments/6:cus_42:8e03978e");
+    let (code, _, err) = run(&[], None);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("--principal"), "{err}");
+}

@@ -163,18 +163,58 @@ pub(crate) fn shown_invalid(scope: &str, id: Option<&str>) -> String {
 /// client-chosen id can neither split a log line nor forge one. Never shortened: a key is
 /// at most `MAX_SCOPE_LEN + 1 + MAX_ID_LEN` bytes, and a cut one could lose the very id
 /// an operator looks for.
+///
+/// One part is left out: an id that begins with a client digest, `@` and 32 lowercase hex
+/// digits then `:` (the HTTP layer's id of a client known by its credentials), is shown as
+/// `@[client]:` and the rest, so that no log line, span or error message carries a value
+/// derived from a client's credentials. The store keeps the whole id.
 struct Shown<'a>(&'a str);
+
+/// The length of a client digest's `@` and hex digits.
+const CLIENT_DIGEST_LEN: usize = 33;
+
+/// Whether `s` has a client digest at byte `at`: `@`, 32 lowercase hex digits, then `:`.
+fn client_digest_at(s: &str, at: usize) -> bool {
+    let Some(rest) = s.as_bytes().get(at..) else {
+        return false;
+    };
+    rest.len() > CLIENT_DIGEST_LEN
+        && rest[0] == b'@'
+        && rest[1..CLIENT_DIGEST_LEN]
+            .iter()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+        && rest[CLIENT_DIGEST_LEN] == b':'
+}
 
 impl fmt::Display for Shown<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for c in self.0.chars() {
-            if needs_escape(c) {
-                write!(f, "{}", c.escape_debug())?;
-            } else {
-                fmt::Write::write_char(f, c)?;
+        let s = self.0;
+        // An id on its own, or a whole key's id after its scope (which holds no `/`).
+        let digest = if client_digest_at(s, 0) {
+            Some(0)
+        } else {
+            s.find('/')
+                .map(|slash| slash + 1)
+                .filter(|&at| client_digest_at(s, at))
+        };
+        let escaped = |f: &mut fmt::Formatter<'_>, part: &str| -> fmt::Result {
+            for c in part.chars() {
+                if needs_escape(c) {
+                    write!(f, "{}", c.escape_debug())?;
+                } else {
+                    fmt::Write::write_char(f, c)?;
+                }
             }
+            Ok(())
+        };
+        match digest {
+            Some(at) => {
+                escaped(f, &s[..at])?;
+                f.write_str("@[client]")?;
+                escaped(f, &s[at + CLIENT_DIGEST_LEN..])
+            }
+            None => escaped(f, s),
         }
-        Ok(())
     }
 }
 
@@ -237,6 +277,27 @@ pub(crate) fn shown(s: &str) -> impl fmt::Display + '_ {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_digest_is_never_shown() {
+        let digest = "0123456789abcdef0123456789abcdef";
+        let key = Key::new("payments", format!("@{digest}:order-1")).unwrap();
+        assert_eq!(key.to_string(), "payments/@[client]:order-1");
+        assert_eq!(shown(key.id()).to_string(), "@[client]:order-1");
+        assert_eq!(key.as_str(), format!("payments/@{digest}:order-1"));
+        // Not a digest: shown as it is.
+        for id in [
+            "@0123:k",
+            "@0123456789ABCDEF0123456789ABCDEF:k",
+            "x@0123456789abcdef0123456789abcdef:k",
+        ] {
+            assert_eq!(shown(id).to_string(), id);
+        }
+        assert_eq!(
+            shown(&format!("@{digest}:a\nb")).to_string(),
+            "@[client]:a\\nb"
+        );
+    }
 
     #[test]
     fn printed_keys_cannot_split_or_forge_a_log_line() {

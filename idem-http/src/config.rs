@@ -1,7 +1,7 @@
 //! The layer's options: one `Clone` value shared by the layer and every service it makes.
 
 use std::fmt;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU8};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,8 +33,17 @@ pub const IDEMPOTENT_RETRYABLE: HeaderName = HeaderName::from_static("idempotent
 /// The default limit of a response body the layer stores: 4 MiB. A larger one passes
 /// through to its client, and a retry gets a problem response.
 pub const DEFAULT_MAX_RESPONSE_BODY: usize = 4 * 1024 * 1024;
-/// The default scope of the keys the layer stores (the first part of each [`idem_core::Key`]).
-pub const DEFAULT_SCOPE: &str = "idem_http";
+/// The header (`false`) on the response of a request whose handler ran but whose outcome
+/// the store did not keep (it failed, or a durability level was not met): a retry may run
+/// the handler again once the claim's lease ends, so the client must not resend blindly.
+/// Such a response carries no [`IDEMPOTENCY_KEY_EXPIRES`].
+pub const IDEMPOTENT_STORED: HeaderName = HeaderName::from_static("idempotent-stored");
+/// How long the layer waits for a response body of no known length to end before it
+/// streams it to its client instead of storing it: 250 ms.
+pub const DEFAULT_UNSIZED_RESPONSE_WAIT: Duration = Duration::from_millis(250);
+/// How much of a response body of no known length the layer reads before it streams it to
+/// its client instead of storing it: 64 KiB.
+pub const DEFAULT_UNSIZED_RESPONSE_BYTES: usize = 64 * 1024;
 
 /// Takes a key from a parsed JSON body.
 pub(crate) type BodyKeyFn = Arc<dyn Fn(&serde_json::Value) -> Option<String> + Send + Sync>;
@@ -65,13 +74,16 @@ impl fmt::Debug for KeySource {
 #[derive(Clone)]
 pub(crate) struct Config {
     pub(crate) idem: Idem,
-    pub(crate) scope: String,
+    /// `None` until the service names its key space: the layer does not build without.
+    pub(crate) scope: Option<String>,
     pub(crate) methods: Vec<Method>,
     pub(crate) key_required: bool,
     pub(crate) header: HeaderName,
     pub(crate) key_source: KeySource,
     pub(crate) max_body: usize,
     pub(crate) max_response_body: usize,
+    pub(crate) unsized_response_wait: Duration,
+    pub(crate) unsized_response_bytes: usize,
     pub(crate) stored_headers: Vec<HeaderName>,
     pub(crate) store_client_errors: bool,
     pub(crate) store_server_errors: bool,
@@ -86,21 +98,23 @@ pub(crate) struct Config {
     pub(crate) tracker: TaskTracker,
     /// Set by [`Drain::drain`](crate::Drain::drain): new guarded requests get 503.
     pub(crate) draining: Arc<AtomicBool>,
-    /// Set once the layer warned of a request with no credentials (anonymous keys shared).
-    pub(crate) warned_anonymous: Arc<AtomicBool>,
+    /// Set once the layer warned of a request whose client it could not tell.
+    pub(crate) warned_unidentified: Arc<AtomicU8>,
 }
 
 impl Config {
     pub(crate) fn new(idem: Idem) -> Config {
         Config {
             idem,
-            scope: DEFAULT_SCOPE.to_owned(),
+            scope: None,
             methods: vec![Method::POST, Method::PATCH],
             key_required: true,
             header: IDEMPOTENCY_KEY,
             key_source: KeySource::Header,
             max_body: DEFAULT_MAX_BODY,
             max_response_body: DEFAULT_MAX_RESPONSE_BODY,
+            unsized_response_wait: DEFAULT_UNSIZED_RESPONSE_WAIT,
+            unsized_response_bytes: DEFAULT_UNSIZED_RESPONSE_BYTES,
             stored_headers: default_stored_headers(),
             store_client_errors: true,
             store_server_errors: true,
@@ -113,7 +127,7 @@ impl Config {
             lease: None,
             tracker: TaskTracker::new(),
             draining: Arc::new(AtomicBool::new(false)),
-            warned_anonymous: Arc::new(AtomicBool::new(false)),
+            warned_unidentified: Arc::new(AtomicU8::new(0)),
         }
     }
 
@@ -184,6 +198,8 @@ impl fmt::Debug for Config {
             .field("key_source", &self.key_source)
             .field("max_body", &self.max_body)
             .field("max_response_body", &self.max_response_body)
+            .field("unsized_response_wait", &self.unsized_response_wait)
+            .field("unsized_response_bytes", &self.unsized_response_bytes)
             .field("stored_headers", &self.stored_headers)
             .field("store_client_errors", &self.store_client_errors)
             .field("store_server_errors", &self.store_server_errors)

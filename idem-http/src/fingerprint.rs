@@ -2,24 +2,28 @@
 //! request (a replay) or different ones (422).
 //!
 //! It is the method, the path and query as the client sent them (before axum's `nest`
-//! stripped a prefix), and the body: for a JSON content type the parsed value (object
-//! members in any order, insignificant whitespace ignored, numbers by value), otherwise
-//! the bytes. A stored format: a change makes stored requests' retries answer 422.
+//! stripped a prefix), and the body: for a JSON content type its reading ([`Json`]: object
+//! members in any order, insignificant whitespace ignored, numbers by their text), otherwise
+//! (and for JSON with a member twice, or that does not parse) the bytes. A stored format: a
+//! change makes stored requests' retries answer 422.
 
 use http::header::CONTENT_TYPE;
 use http::request::Parts;
 use idem_core::Fingerprint;
-use serde::ser::{SerializeMap, SerializeSeq};
-use serde::{Serialize, Serializer};
+
+use crate::json::Json;
 
 /// How the body counts in the fingerprint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum BodyFingerprint {
     /// A body with a JSON content type (`application/json`, `application/*+json`) counts
-    /// by its parsed value, so a client that re-encodes it on a retry (another member
-    /// order, other whitespace, `1.0` for `1`) sends the same request; any other body, or
-    /// JSON that does not parse, by its bytes. The default.
+    /// by its value, so a client that re-encodes it on a retry (another member order, other
+    /// whitespace, another escape of one character) sends the same request; numbers count
+    /// by their text (`100`, `1e2`, `100.0` and `-0` are four numbers: a handler with a
+    /// `u64` field accepts one of them). Any other body, JSON that does not parse, and JSON
+    /// with a member twice (which serde-derive refuses and a `Value` reads as its last)
+    /// count by their bytes. The default.
     #[default]
     JsonValue,
     /// Every body counts by its bytes: one byte changed is another request.
@@ -34,12 +38,8 @@ pub(crate) fn original_uri(parts: &Parts) -> &http::Uri {
         .map_or(&parts.uri, |original| &original.0)
 }
 
-/// The request's fingerprint: `json` is the parsed body when it counts as JSON.
-pub(crate) fn of_request(
-    parts: &Parts,
-    body: &[u8],
-    json: Option<&serde_json::Value>,
-) -> Fingerprint {
+/// The request's fingerprint: `json` is the body's reading when it counts as JSON.
+pub(crate) fn of_request(parts: &Parts, body: &[u8], json: Option<&Json>) -> Fingerprint {
     let uri = original_uri(parts);
     match json {
         Some(value) => Fingerprint::of(&(
@@ -47,7 +47,7 @@ pub(crate) fn of_request(
             uri.path(),
             uri.query(),
             "json",
-            Canonical(value),
+            value,
         )),
         // Byte bodies keep the encoding of earlier releases, so their stored records
         // still match.
@@ -78,54 +78,6 @@ pub(crate) fn is_json(parts: &Parts) -> bool {
             || sub.len() > 5 && sub[sub.len() - 5..].eq_ignore_ascii_case("+json"))
 }
 
-/// A JSON value in idem's digest encoding (map entries sorted, integers by value), with
-/// every number that is a whole number within the 64-bit range written as that integer, so
-/// `1`, `1.0` and `1e0` are one number. Other numbers count as the `f64` they parse to.
-struct Canonical<'a>(&'a serde_json::Value);
-
-impl Serialize for Canonical<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        use serde_json::Value;
-        match self.0 {
-            Value::Null => s.serialize_unit(),
-            Value::Bool(b) => s.serialize_bool(*b),
-            Value::String(text) => s.serialize_str(text),
-            Value::Number(n) => {
-                if let Some(u) = n.as_u64() {
-                    s.serialize_u64(u)
-                } else if let Some(i) = n.as_i64() {
-                    s.serialize_i64(i)
-                } else {
-                    let f = n.as_f64().unwrap_or(f64::NAN);
-                    // Whole floats in range are exact integers: the same number as the
-                    // integer literal.
-                    if f.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&f) {
-                        s.serialize_u64(f as u64)
-                    } else if f.fract() == 0.0 && (-9_223_372_036_854_775_808.0..0.0).contains(&f) {
-                        s.serialize_i64(f as i64)
-                    } else {
-                        s.serialize_f64(f)
-                    }
-                }
-            }
-            Value::Array(items) => {
-                let mut seq = s.serialize_seq(Some(items.len()))?;
-                for item in items {
-                    seq.serialize_element(&Canonical(item))?;
-                }
-                seq.end()
-            }
-            Value::Object(members) => {
-                let mut map = s.serialize_map(Some(members.len()))?;
-                for (name, item) in members {
-                    map.serialize_entry(name, &Canonical(item))?;
-                }
-                map.end()
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,7 +89,7 @@ mod tests {
         }
         let (parts, ()) = req.body(()).unwrap().into_parts();
         let json = (mode == BodyFingerprint::JsonValue && is_json(&parts))
-            .then(|| serde_json::from_slice(body.as_bytes()).ok())
+            .then(|| Json::parse(body.as_bytes()).ok())
             .flatten();
         of_request(&parts, body.as_bytes(), json.as_ref())
     }
@@ -149,17 +101,13 @@ mod tests {
         let m = BodyFingerprint::JsonValue;
         let a = fp(JSON, r#"{"a":1,"b":[2,{"c":3,"d":4}]}"#, m);
         assert_eq!(a, fp(JSON, r#"{ "b": [2, {"d":4,"c":3}], "a": 1 }"#, m));
-        assert_eq!(a, fp(JSON, r#"{"b":[2.0,{"d":4e0,"c":3}],"a":1.0}"#, m));
+        assert_eq!(a, fp(JSON, r#"{"\u0062":[2,{"d":4,"c":3}],"a":1}"#, m));
         assert_ne!(a, fp(JSON, r#"{"a":1,"b":[{"c":3,"d":4},2]}"#, m));
         assert_ne!(a, fp(JSON, r#"{"a":"1","b":[2,{"c":3,"d":4}]}"#, m));
         assert_ne!(a, fp(JSON, r#"{"a":1.5,"b":[2,{"c":3,"d":4}]}"#, m));
         assert_eq!(
             fp(Some("application/problem+json"), r#"{"a":-1,"b":0.25}"#, m),
-            fp(
-                Some("Application/Problem+JSON"),
-                r#"{"b":0.25,"a":-1.0}"#,
-                m
-            )
+            fp(Some("Application/Problem+JSON"), r#"{"b":0.25,"a":-1}"#, m)
         );
     }
 
@@ -212,5 +160,67 @@ mod tests {
                 blake3::hash(body).as_bytes()
             ))
         );
+    }
+
+    /// Bodies a serde-derive handler reads differently never share a fingerprint.
+    #[test]
+    fn bodies_a_handler_tells_apart_are_different_requests() {
+        let m = BodyFingerprint::JsonValue;
+        for (a, b) in [
+            (r#"{"amount":100}"#, r#"{"amount":1e2}"#),
+            (r#"{"amount":100}"#, r#"{"amount":100.0}"#),
+            (r#"{"amount":1}"#, r#"{"amount":1.0}"#),
+            (r#"{"amount":0}"#, r#"{"amount":-0}"#),
+            (r#"{"amount":0.0}"#, r#"{"amount":-0.0}"#),
+            (r#"{"amount":10}"#, r#"{"amount":10.0000000000000001}"#),
+            (r#"{"amount":0.25}"#, r#"{"amount":0.250}"#),
+            (r#"{"amount":1e2}"#, r#"{"amount":1E2}"#),
+            (r#"{"amount":"100"}"#, r#"{"amount":100}"#),
+            (
+                r#"{"n":18446744073709551616}"#,
+                r#"{"n":18446744073709552000}"#,
+            ),
+            (r#"{"amount":1,"amount":2}"#, r#"{"amount":2}"#),
+            (r#"{"amount":2,"amount":1}"#, r#"{"amount":1,"amount":2}"#),
+        ] {
+            assert_ne!(fp(JSON, a, m), fp(JSON, b, m), "{a} and {b}");
+        }
+        // Re-encoding still does not count.
+        assert_eq!(
+            fp(JSON, r#"{"a":1e2,"b":-0}"#, m),
+            fp(JSON, "{ \"b\" : -0 ,\n \"a\" : 1e2 }", m)
+        );
+    }
+
+    /// Fingerprints of JSON bodies stored before numbers counted by their text: a body that
+    /// was never ambiguous keeps the fingerprint it was stored with, so its retry across
+    /// the upgrade still replays. Computed by the release that stored them.
+    #[test]
+    fn unambiguous_json_bodies_keep_their_stored_fingerprints() {
+        let (parts, ()) = http::Request::post("/charge?x=1")
+            .header("content-type", "application/json")
+            .body(())
+            .unwrap()
+            .into_parts();
+        for (body, golden) in [
+            (
+                r#"{"order_id":"o-1","amount":1000,"currency":"EUR"}"#,
+                "86ddc86fd6b72dc7a40fda0bf17b453d",
+            ),
+            (
+                r#"{"a":-1,"b":0.25,"c":[true,false,null],"d":{"e":"\u00e9"},"f":-9223372036854775808,"g":18446744073709551615,"h":1.5e300}"#,
+                "fa51082aacf2b0a703c22e24dd2b0b52",
+            ),
+            ("[]", "c74495b336db92c3ad7400389c44ec90"),
+            (r#""text""#, "81d3c41f15eab1e21b0b39a3ea940691"),
+        ] {
+            let json = Json::parse(body.as_bytes()).unwrap();
+            let hex: String = of_request(&parts, body.as_bytes(), Some(&json))
+                .as_bytes()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            assert_eq!(hex, golden, "{body}");
+        }
     }
 }

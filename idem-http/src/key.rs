@@ -58,18 +58,33 @@ impl IdempotencyKey {
     /// Validates a key as a client would send it: `Err` says what is wrong with it (so that
     /// a caller can prefix where it came from).
     pub(crate) fn parse(text: &str) -> Result<Self, String> {
-        if text
-            .bytes()
-            .any(|b| !(b == b' ' || b == b'\t' || b.is_ascii_graphic()))
-        {
-            return Err("is not a valid header value: use printable ASCII only".to_owned());
-        }
         // The draft defines the key as a structured-field string (`"abc"`); bare tokens are
         // what most clients send, so both are accepted and mean the same key.
         let key = match text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
             Some(inner) => inner,
             None => text,
         };
+        IdempotencyKey::checked(key)
+    }
+
+    /// A key taken from a request's body (a webhook's event id): the same rules as a
+    /// header's key (1 to [`MAX_KEY_LEN`] characters of printable ASCII, spaces and tabs
+    /// allowed but not alone), taken as it is (quotes are part of it).
+    pub(crate) fn from_body_value(text: &str) -> Result<Self, String> {
+        IdempotencyKey::checked(text)
+    }
+
+    /// The character and length rules every key obeys, wherever it came from: no control
+    /// character reaches a handler, a log line or a header it passes the key on in.
+    fn checked(key: &str) -> Result<Self, String> {
+        if key
+            .bytes()
+            .any(|b| !(b == b' ' || b == b'\t' || b.is_ascii_graphic()))
+        {
+            return Err(
+                "is not printable ASCII: use letters, digits and punctuation only".to_owned(),
+            );
+        }
         if key.trim().is_empty() {
             return Err("is empty".to_owned());
         }
@@ -80,21 +95,6 @@ impl IdempotencyKey {
             ));
         }
         Ok(IdempotencyKey(key.to_owned()))
-    }
-
-    /// A key taken from a request's body (a webhook's event id): any text of 1 to
-    /// [`MAX_KEY_LEN`] bytes.
-    pub(crate) fn from_body_value(text: String) -> Result<Self, String> {
-        if text.trim().is_empty() {
-            return Err("is empty".to_owned());
-        }
-        if text.len() > MAX_KEY_LEN {
-            return Err(format!(
-                "is {} bytes long; at most {MAX_KEY_LEN} are accepted",
-                text.len()
-            ));
-        }
-        Ok(IdempotencyKey(text))
     }
 }
 
@@ -110,16 +110,52 @@ impl AsRef<str> for IdempotencyKey {
     }
 }
 
-/// The id of the stored key for `key` sent by `client`. Injective: a principal is
-/// length-prefixed (`5:alice:k1`), a principal too long to fit the store's id limit is
-/// replaced by its digest (`#<hex>:k1`), a client known by its credentials is `@<hex>:k1`,
-/// and the anonymous (or shared) client is `-:k1`; so no two clients share an id and none
-/// can forge another's. A stored format: a change makes every stored key unreachable.
-pub(crate) fn stored_id(client: &Client, key: &IdempotencyKey) -> String {
-    match client {
-        Client::Anonymous => format!("-:{}", key.0),
+/// The id of the stored key for `key` sent by `client`, `None` for a client that was not
+/// told (refused before this). Injective: a principal is length-prefixed (`5:alice:k1`), a
+/// principal too long to fit the store's id limit is replaced by its digest (`#<hex>:k1`),
+/// a client known by its credentials is `@<hex>:k1`, and the shared key space is `-:k1`;
+/// so no two clients share an id and none can forge another's. A stored format: a change
+/// makes every stored key unreachable.
+pub(crate) fn stored_id(client: &Client, key: &IdempotencyKey) -> Option<String> {
+    Some(match client {
+        Client::Shared => format!("-:{}", key.0),
         Client::Principal(p) if p.len() <= 256 => format!("{}:{p}:{}", p.len(), key.0),
         Client::Principal(p) => format!("#{}:{}", idem_core::digest_hex(p), key.0),
         Client::Credentials(hex) => format!("@{hex}:{}", key.0),
-    }
+        Client::Unidentified(_) => return None,
+    })
+}
+
+/// The stored key under which a layer with `scope` and `identity` keeps the record of the
+/// idempotency key `key` sent in `request` (its headers are what the identity reads): what
+/// an operator looks up when a customer quotes their `Idempotency-Key` (`idem get --scope`).
+/// `Err` says why there is none: the key breaks a key's rules, or the identity does not
+/// tell the request's client (no credentials, no principal, no secret).
+///
+/// ```
+/// use idem_http::{stored_key, ClientIdentity};
+///
+/// let alice = ClientIdentity::principal(|_| Some("alice".to_owned()));
+/// let request = http::Request::post("/").body(()).unwrap().into_parts().0;
+/// let key = stored_key("payments", &alice, &request, "order-42").unwrap();
+/// assert_eq!(key.as_str(), "payments/5:alice:order-42");
+/// ```
+pub fn stored_key(
+    scope: &str,
+    identity: &crate::ClientIdentity,
+    request: &http::request::Parts,
+    key: &str,
+) -> Result<idem_core::Key, String> {
+    let key = IdempotencyKey::parse(key).map_err(|reason| format!("the key {reason}"))?;
+    let client = identity.of(request);
+    let id = stored_id(&client, &key).ok_or_else(|| match client {
+        Client::Unidentified(crate::identity::Missing::Principal) => {
+            "the principal function found no principal in the request".to_owned()
+        }
+        Client::Unidentified(crate::identity::Missing::Secret) => {
+            "the credentials identity has no secret (`keyed`) nor `unkeyed`".to_owned()
+        }
+        _ => "the request carries none of the credentials the identity reads".to_owned(),
+    })?;
+    idem_core::Key::new(scope, id).map_err(|err| err.to_string())
 }

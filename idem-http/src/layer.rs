@@ -23,19 +23,33 @@ use crate::service::IdempotencyService;
 /// with `Idempotent-Replayed: true`. See the crate documentation for every status it
 /// answers and which responses are stored.
 ///
+/// The layer builds only once the service has said two things, since their defaults would
+/// share something: its key space ([`scope`](Self::scope), its own on a store other
+/// services use too), and how a client is told ([`principal`](Self::principal), or the
+/// default credentials digest keyed with a secret of the deployment:
+/// [`ClientIdentity::keyed`]). Without them [`tower::Layer::layer`] panics when the router
+/// is built, naming what is missing; [`check`](Self::check) says the same without panicking.
+///
 /// ```
 /// use idem_core::Idem;
 /// use idem_http::IdempotencyLayer;
 /// # use idem_stores::MemoryStore;
 ///
+/// /// What the service's authentication layer leaves in the request's extensions.
+/// #[derive(Clone)]
+/// struct Customer { id: String }
+///
 /// let idem = Idem::new(MemoryStore::new());
 /// let layer = IdempotencyLayer::new(idem)
+///     .scope("payments")
 ///     .max_body(64 * 1024)
-///     .principal(|parts| {
-///         parts.headers.get("x-tenant").and_then(|v| v.to_str().ok()).map(str::to_owned)
-///     });
-/// # let _ = layer;
+///     .principal(|parts| parts.extensions.get::<Customer>().map(|c| c.id.clone()));
+/// assert!(layer.check().is_ok());
 /// ```
+///
+/// The authentication layer goes outside this one, so that it has run when the principal
+/// is read: with axum, the later `.route_layer(..)` (or `.layer(..)`) call is the outer one:
+/// `.route_layer(idempotency).route_layer(authentication)`.
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct IdempotencyLayer {
@@ -45,10 +59,12 @@ pub struct IdempotencyLayer {
 impl IdempotencyLayer {
     /// A layer on `idem` with the defaults: POST and PATCH guarded, the key required in
     /// `Idempotency-Key`, each client's keys its own (known by its credentials:
-    /// [`ClientIdentity::credentials`]), request bodies up to 1 MiB, JSON bodies compared
-    /// by value, every outcome of a handler that ran stored (5xx and panics included) but
-    /// 401, 403, 408, 409 and 429, responses up to 4 MiB stored, a concurrent duplicate
-    /// answered 409.
+    /// [`ClientIdentity::credentials`], which needs a secret), request bodies up to 1 MiB,
+    /// JSON bodies compared by value, every outcome of a handler that ran stored (5xx and
+    /// panics included) but 401, 403, 408, 409 and 429, responses up to 4 MiB stored (a
+    /// body of no known length only if it ends within 250 ms and 64 KiB), a concurrent
+    /// duplicate answered 409. It builds once [`scope`](Self::scope) and the identity are
+    /// given.
     pub fn new(idem: Idem) -> Self {
         IdempotencyLayer {
             config: Config::new(idem),
@@ -90,19 +106,25 @@ impl IdempotencyLayer {
         self
     }
 
-    /// The key is read from the JSON body at `pointer` (RFC 6901, e.g. `/event_id`), a
-    /// string or a number, instead of a header: for webhooks, whose providers put the
-    /// event's id in the body. A body without it is 400 (or passes through, with
-    /// [`key_required(false)`](Self::key_required)). Webhooks usually come with no
-    /// credentials the default [`ClientIdentity`] reads, so their keys are shared: a
-    /// signature check belongs in front of this layer.
+    /// The key is read from the JSON body at `pointer` (RFC 6901, e.g. `/event_id`), which
+    /// must be a JSON string, instead of a header: for webhooks, whose providers put the
+    /// event's id in the body. The string obeys a header key's rules (1 to 255 characters
+    /// of printable ASCII), taken as it is; a number, or a string that breaks them, is 400,
+    /// so `1` and `"1"` are never one key. A body without it is 400 (or passes through,
+    /// with [`key_required(false)`](Self::key_required)), and so is a body with a member
+    /// twice (which key it carries is ambiguous). Webhooks usually come with no
+    /// credentials the default [`ClientIdentity`] reads, so their keys are shared on
+    /// purpose ([`ClientIdentity::shared`]): a signature check belongs in front of this
+    /// layer.
     pub fn key_from_json(mut self, pointer: impl Into<String>) -> Self {
         self.config.key_source = KeySource::JsonPointer(pointer.into());
         self
     }
 
     /// The key is what `key` finds in the parsed JSON body, instead of a header (see
-    /// [`key_from_json`](Self::key_from_json)).
+    /// [`key_from_json`](Self::key_from_json)): the text it answers obeys a header key's
+    /// rules, or the request is 400. Turning a number into text is the function's choice
+    /// (say `n.to_string()`), written where a reader sees it.
     pub fn key_from_body<F>(mut self, key: F) -> Self
     where
         F: Fn(&serde_json::Value) -> Option<String> + Send + Sync + 'static,
@@ -117,6 +139,19 @@ impl IdempotencyLayer {
     /// so a retry neither runs the handler again nor gets the body.
     pub fn max_response_body(mut self, bytes: usize) -> Self {
         self.config.max_response_body = bytes;
+        self
+    }
+
+    /// How long, and how far, the layer reads a response body of no known length (chunked,
+    /// a stream) before it gives up storing it (default 250 ms and 64 KiB): a body that
+    /// ends within both is stored as any other; one that does not (NDJSON progress, a long
+    /// poll) streams to its client from then on, what was read first, and the key keeps
+    /// the "response not stored" problem, as for a body over
+    /// [`max_response_body`](Self::max_response_body). The client gets its status line
+    /// without waiting for the end.
+    pub fn unsized_response(mut self, wait: Duration, bytes: usize) -> Self {
+        self.config.unsized_response_wait = wait;
+        self.config.unsized_response_bytes = bytes;
         self
     }
 
@@ -147,17 +182,21 @@ impl IdempotencyLayer {
         self
     }
 
-    /// What identifies a client (default [`ClientIdentity::credentials`]): a stored
-    /// response is only ever replayed to the client that sent its key.
+    /// What identifies a client (default [`ClientIdentity::credentials`], which needs
+    /// [`keyed`](ClientIdentity::keyed) before the layer builds): a stored response is only
+    /// ever replayed to the client that sent its key.
     pub fn client_identity(mut self, identity: ClientIdentity) -> Self {
         self.config.identity = identity;
         self
     }
 
     /// A client is its principal (the authenticated user, a tenant):
-    /// `client_identity(ClientIdentity::principal(principal))`. `None` is the anonymous
-    /// client. Runs after the layers outside this one, so an authentication layer there
-    /// can leave what it found in the request's extensions.
+    /// `client_identity(ClientIdentity::principal(principal))`. Runs after the layers
+    /// outside this one, so an authentication layer there can leave what it found in the
+    /// request's extensions; take it from there, never from a header the client writes
+    /// (`x-tenant`), which any client can forge. `None` is never a shared key space: the
+    /// request is answered 500 `client-unidentified`, naming the likely cause (the
+    /// authentication layer placed inside this one).
     pub fn principal<F>(self, principal: F) -> Self
     where
         F: Fn(&Parts) -> Option<String> + Send + Sync + 'static,
@@ -199,8 +238,12 @@ impl IdempotencyLayer {
         self
     }
 
-    /// The scope of the stored keys (default `idem_http`): give two services on one store
-    /// scopes of their own.
+    /// The scope of the stored keys: the service's own key space, which no other service on
+    /// the same store may use (name it after the service: `"payments"`,
+    /// `"orders.webhooks"`). Required: a default would be the same in every service, and
+    /// two services on one store would answer each other's requests from it. Keep it
+    /// across deploys (a new scope forgets the stored keys: their retries run again); give
+    /// two layers in one service the same scope only when they guard the same operations.
     ///
     /// # Panics
     ///
@@ -212,8 +255,26 @@ impl IdempotencyLayer {
         if let Err(err) = idem_core::Key::new(scope.as_str(), "-") {
             panic!("IdempotencyLayer::scope({scope:?}): {err}");
         }
-        self.config.scope = scope;
+        self.config.scope = Some(scope);
         self
+    }
+
+    /// Whether the layer builds: `Err` names each choice still missing (the scope, or the
+    /// secret of the default client identity). [`tower::Layer::layer`] panics with the same
+    /// message, when the router is built.
+    pub fn check(&self) -> Result<(), LayerSetupError> {
+        let mut missing = Vec::new();
+        if self.config.scope.is_none() {
+            missing.push("no scope: name the service's own key space with `.scope(\"payments\")`, so that two services on one store never answer each other's requests");
+        }
+        if let Some(identity) = self.config.identity.setup_error() {
+            missing.push(identity);
+        }
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(LayerSetupError { missing })
+        }
     }
 
     /// A handle that waits for the guarded handlers still running, for a graceful shutdown.
@@ -228,10 +289,33 @@ impl IdempotencyLayer {
 impl<S> tower::Layer<S> for IdempotencyLayer {
     type Service = IdempotencyService<S>;
 
+    /// # Panics
+    ///
+    /// When the layer is not set up ([`IdempotencyLayer::check`]): a service that would
+    /// share its keys with other services or store a guessable digest of its clients'
+    /// credentials stops at startup instead.
     fn layer(&self, inner: S) -> Self::Service {
+        if let Err(err) = self.check() {
+            panic!("{err}");
+        }
         IdempotencyService::new(inner, Arc::new(self.config.clone()))
     }
 }
+
+/// What an [`IdempotencyLayer`] still needs before it builds ([`IdempotencyLayer::check`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerSetupError {
+    missing: Vec<&'static str>,
+}
+
+impl std::fmt::Display for LayerSetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the IdempotencyLayer is not set up: ")?;
+        f.write_str(&self.missing.join("; and "))
+    }
+}
+
+impl std::error::Error for LayerSetupError {}
 
 /// Waits for the guarded handlers of one [`IdempotencyLayer`] (and every service it made).
 ///

@@ -10,18 +10,22 @@
 //! use http::{Request, Response, StatusCode};
 //! use http_body_util::{BodyExt, Full};
 //! use idem_core::Idem;
-//! use idem_http::IdempotencyLayer;
+//! use idem_http::{ClientIdentity, IdempotencyLayer};
 //! use tower::{service_fn, Layer, ServiceExt};
 //! # use idem_stores::MemoryStore;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
-//! let layer = IdempotencyLayer::new(Idem::new(MemoryStore::new()));
+//! # let secret_from_config = "a secret from the deployment's configuration";
+//! let layer = IdempotencyLayer::new(Idem::new(MemoryStore::new()))
+//!     .scope("payments") // this service's own key space
+//!     .client_identity(ClientIdentity::credentials().keyed(secret_from_config));
 //! let service = layer.layer(service_fn(|_req: Request<Full<Bytes>>| async {
 //!     Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("charged"))))
 //! }));
 //! let charge = || {
 //!     Request::post("/charge")
+//!         .header("authorization", "Bearer a-token-of-this-client")
 //!         .header("idempotency-key", "7c9e6679-7425-40de-944b-e07fc1f90ae7")
 //!         .body(Full::new(Bytes::from(r#"{"amount":1000}"#)))
 //!         .unwrap()
@@ -31,8 +35,19 @@
 //! assert_eq!(retry.headers()["idempotent-replayed"], "true");
 //! assert_eq!(retry.into_body().collect().await.unwrap().to_bytes(), "charged");
 //!
-//! let no_key = Request::post("/charge").body(Full::new(Bytes::new())).unwrap();
-//! let res = service.oneshot(no_key).await.unwrap();
+//! let no_key = Request::post("/charge")
+//!     .header("authorization", "Bearer a-token-of-this-client")
+//!     .body(Full::new(Bytes::new()))
+//!     .unwrap();
+//! let res = service.clone().oneshot(no_key).await.unwrap();
+//! assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+//!
+//! // No credentials the layer tells clients by: refused, never run in a shared key space.
+//! let nobody = Request::post("/charge")
+//!     .header("idempotency-key", "7c9e6679-7425-40de-944b-e07fc1f90ae7")
+//!     .body(Full::new(Bytes::from(r#"{"amount":1000}"#)))
+//!     .unwrap();
+//! let res = service.oneshot(nobody).await.unwrap();
 //! assert_eq!(res.status(), StatusCode::BAD_REQUEST);
 //! # let _ = first;
 //! # }
@@ -50,8 +65,9 @@
 //! | same key while the first still runs | 409 with `Retry-After` (or the first's response, with [`InProgress::Wait`](idem_core::InProgress::Wait)) |
 //! | same key, another method, path, query or body | 422 |
 //! | same key from another client ([`ClientIdentity`]) | a request of its own |
+//! | no credentials the identity tells clients by (or a principal of `None`) | 400 (500) `client-unidentified`; the handler does not run |
 //! | no key, when required (the default) | 400 |
-//! | several keys, an empty key, a key over 255 characters, or not printable ASCII | 400 |
+//! | several keys, an empty key, a key over 255 characters, or not printable ASCII (a key from the body too) | 400 |
 //! | a body over [`IdempotencyLayer::max_body`] | 413; the handler does not run |
 //! | the store is unreachable | 503; the handler does not run |
 //! | the server is draining ([`Drain::drain`]) | 503 with `Retry-After` |
@@ -62,14 +78,21 @@
 //! stored as a 500 problem. Not stored (the key is released, a retry runs again): 401, 403,
 //! 408, 409 and 429, which are not the operation's result
 //! ([`IdempotencyLayer::unstored_statuses`]), and a response the handler marked
-//! [`RetrySafe`]. A response over [`IdempotencyLayer::max_response_body`] (4 MiB), or an
-//! event stream, streams to its client; a retry gets a problem saying it could not be
-//! stored. Answers after which resending is safe carry `Idempotent-Retryable: true`
-//! ([`IDEMPOTENT_RETRYABLE`]); a stored or replayed response says when its key expires
-//! ([`IDEMPOTENCY_KEY_EXPIRES`]).
+//! [`RetrySafe`]. A response over [`IdempotencyLayer::max_response_body`] (4 MiB), an
+//! event stream, or a body of no known length that does not end within 250 ms and 64 KiB
+//! ([`IdempotencyLayer::unsized_response`]) streams to its client; a retry gets a problem
+//! saying it could not be stored. Answers after which resending is safe carry
+//! `Idempotent-Retryable: true` ([`IDEMPOTENT_RETRYABLE`]); a stored or replayed response
+//! says when its key expires ([`IDEMPOTENCY_KEY_EXPIRES`]); a handler's response whose
+//! outcome the store failed to keep says `Idempotent-Stored: false` ([`IDEMPOTENT_STORED`])
+//! instead.
 //!
-//! A key belongs to a client ([`ClientIdentity`]: by default a digest of its
-//! `Authorization` header and cookies), so no client is ever served another's response. The
+//! A key belongs to a client ([`ClientIdentity`]: by default a keyed digest of its
+//! credentials, or the principal your authentication layer found), so no client is ever
+//! served another's response; a request whose client the layer cannot tell is refused, and
+//! keys are shared only where the service says so ([`ClientIdentity::shared`]). Each
+//! service names its own key space ([`IdempotencyLayer::scope`]): the layer does not build
+//! without it, nor with an unkeyed digest unless asked by name. The
 //! request is its method, its path and query as the client sent them (before axum's `nest`
 //! stripped a prefix), and its body: a JSON body by its value ([`BodyFingerprint`]). The
 //! handler runs in a task of its own: a client that disconnects does not cancel it, and its
@@ -93,6 +116,7 @@ mod config;
 mod fingerprint;
 mod future;
 mod identity;
+mod json;
 mod key;
 mod layer;
 mod problem;
@@ -109,14 +133,15 @@ mod client;
 
 pub use body::ResponseBody;
 pub use config::{
-    DEFAULT_MAX_BODY, DEFAULT_MAX_RESPONSE_BODY, DEFAULT_SCOPE, IDEMPOTENCY_KEY,
-    IDEMPOTENCY_KEY_EXPIRES, IDEMPOTENT_REPLAYED, IDEMPOTENT_RETRYABLE, MAX_KEY_LEN,
+    DEFAULT_MAX_BODY, DEFAULT_MAX_RESPONSE_BODY, DEFAULT_UNSIZED_RESPONSE_BYTES,
+    DEFAULT_UNSIZED_RESPONSE_WAIT, IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_EXPIRES, IDEMPOTENT_REPLAYED,
+    IDEMPOTENT_RETRYABLE, IDEMPOTENT_STORED, MAX_KEY_LEN,
 };
 pub use fingerprint::BodyFingerprint;
 pub use future::ResponseFuture;
 pub use identity::{ClientIdentity, SESSION_COOKIES};
-pub use key::IdempotencyKey;
-pub use layer::{Drain, IdempotencyLayer};
+pub use key::{stored_key, IdempotencyKey};
+pub use layer::{Drain, IdempotencyLayer, LayerSetupError};
 pub use problem::{IdemError, Problem, PROBLEM_JSON};
 pub use retry_safe::RetrySafe;
 pub use service::IdempotencyService;

@@ -98,6 +98,28 @@ impl Problem {
         )
     }
 
+    /// The request carries none of the credentials the layer tells clients by: it is not
+    /// run in a key space other clients share.
+    pub(crate) fn client_unidentified() -> Self {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "client-unidentified",
+            "Client not identified",
+            "this request carries no credentials the server's idempotency layer tells clients by (an `Authorization` or API key header, a session cookie), so its idempotency key cannot be kept apart from other clients' keys; send your credentials with it",
+        )
+    }
+
+    /// The principal function found no principal: most likely the authentication layer
+    /// runs inside the idempotency layer and has not run yet.
+    pub(crate) fn principal_missing() -> Self {
+        Problem::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "client-unidentified",
+            "Client not identified",
+            "the server's idempotency layer found no principal for this request, so its idempotency key cannot be kept apart from other clients' keys; the request was not run (the server's authentication layer most likely runs inside its idempotency layer, and has not run yet)",
+        )
+    }
+
     /// Stored for a request whose response went to its first client but was too large, or
     /// streamed, to store: a retry gets this instead of a second run.
     pub(crate) fn response_not_stored(key: &str, limit: usize) -> Self {
@@ -303,7 +325,7 @@ impl Problem {
 /// Where in the body the layer looks for the key, for a reader.
 fn where_in_body(source: &KeySource) -> String {
     match source {
-        KeySource::JsonPointer(pointer) => format!("a string or number at `{pointer}`"),
+        KeySource::JsonPointer(pointer) => format!("a string at `{pointer}`"),
         KeySource::Body(_) | KeySource::Header => {
             "as the service's key function reads it".to_owned()
         }

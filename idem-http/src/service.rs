@@ -19,10 +19,12 @@ use tower::Service;
 use crate::body::ResponseBody;
 use crate::config::{
     Config, KeySource, IDEMPOTENCY_KEY_EXPIRES, IDEMPOTENT_REPLAYED, IDEMPOTENT_RETRYABLE,
+    IDEMPOTENT_STORED,
 };
 use crate::fingerprint::{self, BodyFingerprint};
 use crate::future::ResponseFuture;
-use crate::identity::Client;
+use crate::identity::{Client, Missing};
+use crate::json::{Json, NotRead};
 use crate::key::{stored_id, IdempotencyKey};
 use crate::problem::Problem;
 use crate::retry_safe::RetrySafe;
@@ -116,6 +118,12 @@ where
         },
         _ => None,
     };
+    // Who sent it, before its body is read: a request whose client the layer cannot tell is
+    // refused at once (a key from the body is read first, since a body without one may pass).
+    let client = config.identity.of(&parts);
+    if header_key.is_some() && matches!(client, Client::Unidentified(_)) {
+        return Ok(unidentified(&config, &client).to_response());
+    }
     if config.draining.load(Ordering::SeqCst) {
         return Ok(retryable(Problem::shutting_down().to_response()));
     }
@@ -136,14 +144,14 @@ where
     let key_from_body = !matches!(config.key_source, KeySource::Header);
     let json_counts =
         config.body_fingerprint == BodyFingerprint::JsonValue && fingerprint::is_json(&parts);
-    let parsed: Option<serde_json::Value> = if key_from_body || json_counts {
-        serde_json::from_slice(&bytes).ok()
+    let reading = if key_from_body || json_counts {
+        Some(Json::parse(&bytes))
     } else {
         None
     };
     let client_key = match header_key {
         Some(key) => key,
-        None => match body_key(&config.key_source, parsed.as_ref()) {
+        None => match body_key(&config.key_source, &bytes, reading.as_ref()) {
             Some(Ok(key)) => key,
             Some(Err(reason)) => {
                 return Ok(Problem::invalid_body_key(&config.key_source, &reason).to_response())
@@ -159,21 +167,21 @@ where
     };
     // Method, path as the client sent it (with the query) and body: the same key on another
     // endpoint or with another payload is a different request, refused with 422.
-    let fingerprint = fingerprint::of_request(
-        &parts,
-        &bytes,
-        json_counts.then_some(parsed).flatten().as_ref(),
-    );
-    let client = config.identity.of(&parts);
-    if client == Client::Anonymous
-        && config.identity.is_credentials()
-        && !config.warned_anonymous.swap(true, Ordering::Relaxed)
-    {
-        tracing::warn!(target: "idem_http", "a guarded request carried none of the credentials that identify a client (Authorization, X-Api-Key, a session cookie): anonymous requests share one key space; name your client with `.principal(..)`, `ClientIdentity::credentials().with_header(..)` or `.cookies(..)`, or say keys are shared with `ClientIdentity::shared()` (warned once)");
-    }
-    let key = match Key::new(config.scope.as_str(), stored_id(&client, &client_key)) {
-        Ok(key) => key,
-        Err(err) => return Ok(Problem::from_error(&err).to_response()),
+    let json = match reading {
+        Some(Ok(json)) if json_counts => Some(json),
+        _ => None,
+    };
+    let fingerprint = fingerprint::of_request(&parts, &bytes, json.as_ref());
+    let (Some(scope), Some(id)) = (config.scope.as_deref(), stored_id(&client, &client_key)) else {
+        return Ok(unidentified(&config, &client).to_response());
+    };
+    // The error's own text would show the stored id, which may hold a credentials digest.
+    let Ok(key) = Key::new(scope, id) else {
+        return Ok(Problem::invalid_key(
+            &config.header,
+            "the idempotency key, with its client's name, is over the store's key length; send a shorter key".to_owned(),
+        )
+        .to_response());
     };
     let key_text = client_key.as_str().to_owned();
     parts.extensions.insert(client_key);
@@ -182,11 +190,16 @@ where
     // The handler runs in its own task: a client that disconnects drops this future, not
     // the handler, so a charge is never stopped half way (and its claim never released
     // while it still runs). The tracker lets shutdown wait for it.
-    let task =
-        config
-            .tracker
-            .clone()
-            .spawn(run_guarded(config, inner, req, key, key_text, fingerprint));
+    let task = config.tracker.clone().spawn(run_guarded(
+        config,
+        inner,
+        req,
+        Guarded {
+            key,
+            client_key: key_text,
+            fingerprint,
+        },
+    ));
     match task.await {
         Ok(res) => res,
         Err(err) => Ok(Problem::handler_failed(format!(
@@ -207,22 +220,85 @@ where
     Ok(inner.call(req).await?.map(ResponseBody::inner))
 }
 
-/// The key a body carries, as [`KeySource`] says: `None` when it has none.
+/// The problem a request whose client was not told gets, with a warning (once per layer
+/// and cause) that says what to change.
+fn unidentified(config: &Config, client: &Client) -> Problem {
+    let why = match client {
+        Client::Unidentified(why) => *why,
+        // Only a layer built without its checks has no scope.
+        _ => Missing::Secret,
+    };
+    let bit = 1u8 << (why as u8);
+    let first = config.warned_unidentified.fetch_or(bit, Ordering::Relaxed) & bit == 0;
+    match why {
+        Missing::Credentials => {
+            if first {
+                tracing::warn!(target: "idem_http", "a guarded request carried none of the credentials that tell clients apart (Authorization, an API key header, a session cookie, a signature's key id) and was answered 400 client-unidentified; if the service authenticates otherwise (mTLS, another header or cookie), name the client with `.principal(..)` from what the authentication layer found, or `ClientIdentity::credentials().with_header(..)` / `.cookies(..)`; `.share_anonymous()` shares one key space among such requests on purpose (warned once)");
+            }
+            Problem::client_unidentified()
+        }
+        Missing::Principal => {
+            if first {
+                tracing::warn!(target: "idem_http", "the idempotency layer's principal function answered None, so the request was answered 500 client-unidentified: is the authentication layer inside the idempotency layer? With axum the later `.layer(..)`/`.route_layer(..)` call is the outer one: `.route_layer(idempotency).route_layer(auth)` (warned once)");
+            }
+            Problem::principal_missing()
+        }
+        Missing::Secret => {
+            if first {
+                tracing::error!(target: "idem_http", "the idempotency layer runs without its setup (a scope and a keyed client identity): `IdempotencyLayer::check` says what is missing (warned once)");
+            }
+            Problem::handler_failed(
+                "the server's idempotency layer is not set up; the request was not run".to_owned(),
+            )
+        }
+    }
+}
+
+/// The key a body carries, as [`KeySource`] says: `None` when it has none. The key must be
+/// a JSON string (or what the service's function answers), with a header key's rules; a
+/// body with a member twice has no key one can trust.
 fn body_key(
     source: &KeySource,
-    parsed: Option<&serde_json::Value>,
+    bytes: &[u8],
+    reading: Option<&Result<Json, NotRead>>,
 ) -> Option<Result<IdempotencyKey, String>> {
-    let value = parsed?;
+    match reading? {
+        Ok(_) => {}
+        Err(NotRead::Invalid) => return None,
+        Err(NotRead::Duplicate(name)) => {
+            return Some(Err(format!(
+                "cannot be read: the body has the member `{}` twice",
+                name.escape_debug()
+            )))
+        }
+    }
+    let value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
     let text = match source {
         KeySource::Header => return None,
         KeySource::JsonPointer(pointer) => match value.pointer(pointer)? {
             serde_json::Value::String(text) => text.clone(),
-            serde_json::Value::Number(n) => n.to_string(),
-            _ => return None,
+            serde_json::Value::Null => return None,
+            other => {
+                let kind = match other {
+                    serde_json::Value::Number(_) => "a number",
+                    serde_json::Value::Bool(_) => "a boolean",
+                    serde_json::Value::Array(_) => "an array",
+                    _ => "an object",
+                };
+                return Some(Err(format!("is {kind}; it must be a JSON string")));
+            }
         },
-        KeySource::Body(f) => f(value)?,
+        KeySource::Body(f) => f(&value)?,
     };
-    Some(IdempotencyKey::from_body_value(text))
+    Some(IdempotencyKey::from_body_value(&text))
+}
+
+/// One guarded request's key: the stored one (whose `Display` never shows a credentials
+/// digest) and the client's own.
+struct Guarded {
+    key: Key,
+    client_key: String,
+    fingerprint: idem_core::Fingerprint,
 }
 
 /// Why the engine's body ended without a response to store.
@@ -251,17 +327,21 @@ async fn run_guarded<S, ReqBody, ResBody>(
     config: Arc<Config>,
     mut inner: S,
     req: Request<ReqBody>,
-    key: Key,
-    client_key: String,
-    fingerprint: idem_core::Fingerprint,
+    guarded: Guarded,
 ) -> Answer<ResBody, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Body,
     ResBody::Error: Into<BoxError>,
 {
+    let Guarded {
+        key,
+        client_key,
+        fingerprint,
+    } = guarded;
     // For the log of a held key: the operator resolves the stored key, not the client's.
     let stored_key = key.clone();
+    let scope = key.scope().to_owned();
     let mut call = config
         .idem
         .call(key, fingerprint)
@@ -299,7 +379,7 @@ where
                     return Ok(StoredResponse::problem(&problem, expires));
                 }
                 Err(panic) => {
-                    tracing::error!(target: "idem_http", panic = panic_message(&panic), "an idempotent request's handler panicked; its outcome is stored as a 500");
+                    tracing::error!(target: "idem_http", panic = panic_message(&*panic), "an idempotent request's handler panicked; its outcome is stored as a 500");
                     let problem = Problem::handler_failed(format!(
                         "the handler panicked while it handled the request with the idempotency key `{client_key}`; it may have taken effect, so a retry gets this answer"
                     ));
@@ -318,11 +398,11 @@ where
             if let Some(value) = expires.and_then(expiry_header) {
                 parts.headers.insert(IDEMPOTENCY_KEY_EXPIRES, value);
             }
-            let read = AssertUnwindSafe(read_bounded(body, config.max_response_body, &parts))
+            let read = AssertUnwindSafe(read_bounded(body, &config, &parts))
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|panic| {
-                    Read::Failed(format!("it panicked: {}", panic_message(&panic)).into())
+                    Read::Failed(format!("it panicked: {}", panic_message(&*panic)).into())
                 });
             match read {
                 Read::Whole(bytes) => {
@@ -369,9 +449,9 @@ where
             if let idem_core::Error::OutcomeUnknown { step, .. } = &err {
                 if ran.load(Ordering::SeqCst) {
                     tracing::warn!(target: "idem_http", key = %stored_key, step = %step,
-                        "an idempotent request's step has an unknown outcome: its key is held until the step is resolved (`idem steps` / `idem resolve` with this key)");
+                        "an idempotent request's step has an unknown outcome: its key is held until the step is resolved (`idem steps` / `idem resolve` with this key; `idem get --scope .. --idempotency-key ..` finds a key whose client is `@[client]`)");
                 } else {
-                    tracing::debug!(target: "idem_http", key = %stored_key, step = %step,
+                    tracing::debug!(target: "idem_http", scope = %scope, idempotency_key = %client_key.escape_debug(), step = %step,
                         "a request on a held key: its step's outcome is still unknown");
                 }
             }
@@ -383,22 +463,23 @@ where
             // the end): the claim is kept until its lease ends. The first caller gets the
             // handler's own response if there is one; else a problem that is not marked
             // retryable, since a retry after the lease would run it again.
-            tracing::warn!(target: "idem_http", error = &err as &dyn std::error::Error, "an idempotent request ran but its outcome could not be stored");
+            tracing::warn!(target: "idem_http", scope = %scope, idempotency_key = %client_key.escape_debug(), error = %without_key(&err), "an idempotent request ran but its outcome could not be stored");
             if let Some(err) = inner_error.lock().expect("not poisoned").take() {
                 return Err(err);
             }
-            Ok(match first.lock().expect("not poisoned").take() {
+            let res = match first.lock().expect("not poisoned").take() {
                 Some(res) => res,
                 None => Problem::not_stored_after_run(&client_key).to_response(),
-            })
+            };
+            Ok(not_stored(res))
         }
         Err(Failure::Idem(err)) => {
             use idem_core::Error as E;
             let problem = Problem::for_client(&err, &client_key);
             if problem.status.is_server_error() {
-                tracing::warn!(target: "idem_http", error = &err as &dyn std::error::Error, status = problem.status.as_u16(), "idempotent request failed in the layer");
+                tracing::warn!(target: "idem_http", scope = %scope, error = %without_key(&err), status = problem.status.as_u16(), "idempotent request failed in the layer");
             } else {
-                tracing::debug!(target: "idem_http", error = %err, status = problem.status.as_u16(), "idempotent request refused");
+                tracing::debug!(target: "idem_http", scope = %scope, error = %without_key(&err), status = problem.status.as_u16(), "idempotent request refused");
             }
             // Nothing ran for these (or it still runs): the same request later is safe.
             let safe = matches!(
@@ -426,14 +507,24 @@ enum Read<B> {
     Failed(BoxError),
 }
 
-/// Reads `body` up to `limit` bytes, never more: a larger or endless body is handed back
-/// with what was read of it.
-async fn read_bounded<B>(body: B, limit: usize, parts: &http::response::Parts) -> Read<B>
+/// Reads `body` up to the limit, never more: a larger or endless body is handed back with
+/// what was read of it. A body of no known length is read only while it ends quickly
+/// (`unsized_response_wait` and `_bytes`): one that does not streams to its client.
+async fn read_bounded<B>(body: B, config: &Config, parts: &http::response::Parts) -> Read<B>
 where
     B: Body,
     B::Error: Into<BoxError>,
 {
     let mut body = Box::pin(body);
+    let sized = body.size_hint().exact().is_some();
+    let (limit, deadline) = if sized {
+        (config.max_response_body, None)
+    } else {
+        (
+            config.max_response_body.min(config.unsized_response_bytes),
+            Some(tokio::time::Instant::now() + config.unsized_response_wait),
+        )
+    };
     let streaming = parts
         .headers
         .get(CONTENT_TYPE)
@@ -452,7 +543,15 @@ where
     let mut read = VecDeque::new();
     let mut len = 0usize;
     loop {
-        match body.frame().await {
+        let frame = match deadline {
+            None => body.frame().await,
+            // Dropping `frame()` loses nothing: it only polls the body.
+            Some(at) => match tokio::time::timeout_at(at, body.frame()).await {
+                Ok(frame) => frame,
+                Err(_) => return Read::TooLarge { read, rest: body },
+            },
+        };
+        match frame {
             None => break,
             Some(Err(err)) => return Read::Failed(err.into()),
             Some(Ok(frame)) => {
@@ -489,6 +588,42 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
         .copied()
         .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("(not text)")
+}
+
+/// A response whose outcome the store did not keep: it says so, and says no expiry, since
+/// no record was made that a retry would find.
+fn not_stored<B>(mut res: Response<B>) -> Response<B> {
+    res.headers_mut().remove(IDEMPOTENCY_KEY_EXPIRES);
+    res.headers_mut()
+        .insert(IDEMPOTENT_STORED, HeaderValue::from_static("false"));
+    res
+}
+
+/// An engine error for a log line, without its key (whose id may hold a digest of the
+/// client's credentials): the store's failure, or what kind of error it is.
+fn without_key(err: &idem_core::Error) -> String {
+    use idem_core::Error as E;
+    let mut out = match err {
+        E::Store { source, .. } => source.to_string(),
+        E::InProgress { .. } | E::WaitTimeout { .. } => {
+            "a request with the key is in progress".to_owned()
+        }
+        E::KeyReuse { .. } => "the key was used for another request".to_owned(),
+        E::LeaseLost { .. } => "the claim's lease was lost".to_owned(),
+        E::Decode { .. } => "the stored record could not be decoded".to_owned(),
+        E::Encode { .. } => "the response could not be encoded".to_owned(),
+        _ => "the idempotency engine failed".to_owned(),
+    };
+    let mut source = match err {
+        E::Store { source, .. } => std::error::Error::source(source),
+        _ => None,
+    };
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
 }
 
 /// Marks a response after which the same request with the same key is safe to resend.

@@ -297,7 +297,7 @@ async fn a_held_key_is_not_retried() {
                 }
             }),
         )
-        .layer(idem_http::IdempotencyLayer::new(idem));
+        .layer(support::open_layer(idem));
     let server = Server::start(app).await;
     let res = fast()
         .post(server.url("/op"))

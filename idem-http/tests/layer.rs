@@ -12,7 +12,7 @@ use idem_http::IdempotencyLayer;
 use support::*;
 
 fn layer(idem: &idem_core::Idem, test: &str) -> IdempotencyLayer {
-    IdempotencyLayer::new(idem.clone()).scope(unique_scope(test))
+    open_layer(idem.clone()).scope(unique_scope(test))
 }
 
 async fn setup(

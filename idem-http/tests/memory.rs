@@ -16,7 +16,6 @@ use axum::response::Response;
 use axum::routing::post as route_post;
 use axum::Router;
 use bytes::Bytes;
-use idem_http::IdempotencyLayer;
 use support::*;
 
 /// The process's peak resident memory (`VmHWM`), in bytes.
@@ -82,7 +81,7 @@ async fn large_and_endless_responses_pass_through_without_buffering() {
                 }
             }),
         )
-        .layer(IdempotencyLayer::new(idem).scope(unique_scope("memory")));
+        .layer(open_layer(idem).scope(unique_scope("memory")));
     let server = Server::start(app).await;
     let c = client();
 

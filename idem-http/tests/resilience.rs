@@ -13,7 +13,7 @@ use axum::extract::Request;
 use axum::middleware::Next;
 use axum::Router;
 use idem_core::{Idem, InProgress};
-use idem_http::{IdempotencyLayer, IdempotentClient, RetryPolicy};
+use idem_http::{IdempotentClient, RetryPolicy};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -42,7 +42,7 @@ async fn a_disconnected_client_does_not_stop_the_charge(backend: Backend) {
     let watch = abandoned.clone();
     let app = routes(shop.clone())
         .layer(
-            IdempotencyLayer::new(idem)
+            open_layer(idem)
                 .scope(unique_scope("disconnect"))
                 .in_progress(InProgress::Wait),
         )
@@ -119,7 +119,7 @@ async fn the_client_retries_a_dropped_connection_with_the_same_key(backend: Back
         return;
     };
     let shop = Arc::new(Shop::default());
-    let app = routes(shop.clone()).layer(IdempotencyLayer::new(idem).scope(unique_scope("cut")));
+    let app = routes(shop.clone()).layer(open_layer(idem).scope(unique_scope("cut")));
     let server = Server::start(app).await;
     let connections = Arc::new(AtomicUsize::new(0));
     let proxy = cutting_proxy(server.addr, connections.clone()).await;
@@ -152,7 +152,7 @@ async fn a_replay_survives_a_restart_on_the_same_sqlite_file() {
         async move {
             let store = idem_stores::SqliteStore::open(&path).await.unwrap();
             store.migrate().await.unwrap();
-            let app = routes(shop).layer(IdempotencyLayer::new(Idem::new(store)).scope(scope));
+            let app = routes(shop).layer(open_layer(Idem::new(store)).scope(scope));
             Server::start(app).await
         }
     };
@@ -177,7 +177,7 @@ async fn drain_waits_for_running_handlers(backend: Backend) {
     };
     let shop = Arc::new(Shop::default());
     let gate = shop.close_gate();
-    let layer = IdempotencyLayer::new(idem).scope(unique_scope("drain"));
+    let layer = open_layer(idem).scope(unique_scope("drain"));
     let drain = layer.drain_handle();
     let server = Server::start(routes(shop.clone()).layer(layer)).await;
     let url = server.url("/charge");
@@ -214,7 +214,7 @@ async fn drain_waits_for_running_handlers(backend: Backend) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_store_outage_is_503_and_the_handler_does_not_run() {
     let shop = Arc::new(Shop::default());
-    let app = routes(shop.clone()).layer(IdempotencyLayer::new(Idem::new(DownStore)));
+    let app = routes(shop.clone()).layer(open_layer(Idem::new(DownStore)));
     let server = Server::start(app).await;
     let res = post(&client(), &server.url("/charge"), Some("k-1"), ORDER).await;
     assert_eq!(res.headers()["retry-after"], "1");
@@ -244,7 +244,7 @@ async fn composes_with_route_layer_and_other_layers() {
     let (idem, _, _dir) = idem_on(Backend::Sqlite).await.unwrap();
     let shop = Arc::new(Shop::default());
     let guarded_shop = shop.clone();
-    let layer = IdempotencyLayer::new(idem)
+    let layer = open_layer(idem)
         .scope(unique_scope("compose"))
         .principal(|parts| parts.extensions.get::<User>().map(|u| u.0.clone()));
     let plain = routes(Arc::new(Shop::default()));

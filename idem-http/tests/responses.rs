@@ -211,10 +211,7 @@ async fn a_streamed_body_over_the_limit_is_413_before_the_handler() {
                 async { "ran" }
             }),
         )
-        .layer(
-            idem_http::IdempotencyLayer::new(idem_core::Idem::new(idem_stores::MemoryStore::new()))
-                .max_body(8),
-        );
+        .layer(open_layer(idem_core::Idem::new(idem_stores::MemoryStore::new())).max_body(8));
     let chunks = futures_chunks(vec!["12345", "67890"]);
     let res = app
         .oneshot(
@@ -284,7 +281,7 @@ async fn send(app: &Router, header: Option<(&str, &str)>) -> (StatusCode, Option
 #[tokio::test]
 async fn an_optional_key_lets_keyless_requests_through_and_guards_the_others() {
     let (app, _) = counted(
-        idem_http::IdempotencyLayer::new(memory_idem()).key_required(false),
+        open_layer(memory_idem()).key_required(false),
         StatusCode::OK,
     );
     assert_eq!(
@@ -307,8 +304,8 @@ async fn an_optional_key_lets_keyless_requests_through_and_guards_the_others() {
 
 #[tokio::test]
 async fn a_custom_header_name_is_the_one_read() {
-    let layer = idem_http::IdempotencyLayer::new(memory_idem())
-        .header(axum::http::HeaderName::from_static("x-request-id"));
+    let layer =
+        open_layer(memory_idem()).header(axum::http::HeaderName::from_static("x-request-id"));
     let (app, _) = counted(layer, StatusCode::OK);
     assert_eq!(
         send(&app, Some(("idempotency-key", "k"))).await.0,
@@ -326,10 +323,7 @@ async fn a_custom_header_name_is_the_one_read() {
 
 #[tokio::test]
 async fn server_errors_are_stored_unless_turned_off_and_client_errors_skipped_when_asked() {
-    let (app, _) = counted(
-        idem_http::IdempotencyLayer::new(memory_idem()),
-        StatusCode::BAD_GATEWAY,
-    );
+    let (app, _) = counted(open_layer(memory_idem()), StatusCode::BAD_GATEWAY);
     assert_eq!(
         send(&app, Some(("idempotency-key", "k"))).await,
         (StatusCode::BAD_GATEWAY, None, "run 1".into())
@@ -341,7 +335,7 @@ async fn server_errors_are_stored_unless_turned_off_and_client_errors_skipped_wh
 
     // Turned off: the 5xx is released, and says a retry is safe.
     let (app, _) = counted(
-        idem_http::IdempotencyLayer::new(memory_idem()).store_server_errors(false),
+        open_layer(memory_idem()).store_server_errors(false),
         StatusCode::BAD_GATEWAY,
     );
     let res = app
@@ -361,7 +355,7 @@ async fn server_errors_are_stored_unless_turned_off_and_client_errors_skipped_wh
     );
 
     let (app, _) = counted(
-        idem_http::IdempotencyLayer::new(memory_idem()).store_client_errors(false),
+        open_layer(memory_idem()).store_client_errors(false),
         StatusCode::BAD_REQUEST,
     );
     assert_eq!(
@@ -376,7 +370,7 @@ async fn server_errors_are_stored_unless_turned_off_and_client_errors_skipped_wh
 
 #[tokio::test]
 async fn guarded_methods_are_configurable() {
-    let layer = idem_http::IdempotencyLayer::new(memory_idem()).methods([axum::http::Method::PUT]);
+    let layer = open_layer(memory_idem()).methods([axum::http::Method::PUT]);
     let (app, _) = counted(layer, StatusCode::OK);
     // POST is no longer guarded: no key needed, runs every time.
     assert_eq!(
@@ -392,7 +386,7 @@ async fn guarded_methods_are_configurable() {
 #[test]
 #[should_panic(expected = "IdempotencyLayer::scope(\"billing/charge\")")]
 fn an_invalid_scope_is_refused_at_setup() {
-    let _ = idem_http::IdempotencyLayer::new(memory_idem()).scope("billing/charge");
+    let _ = open_layer(memory_idem()).scope("billing/charge");
 }
 
 /// A service that panics in `call` itself, before its future: the panic is still the
@@ -412,7 +406,7 @@ async fn a_panic_in_call_or_in_the_response_body_is_stored() {
         }
         async { Ok::<_, std::convert::Infallible>(axum::response::Response::new(Body::empty())) }
     });
-    let service = idem_http::IdempotencyLayer::new(memory_idem()).layer(panics_in_call);
+    let service = open_layer(memory_idem()).layer(panics_in_call);
     let counter = runs.clone();
     let panics_in_body = tower::service_fn(move |_req: Request<Body>| {
         counter.fetch_add(1, Ordering::SeqCst);
@@ -426,7 +420,7 @@ async fn a_panic_in_call_or_in_the_response_body_is_stored() {
             )))
         }
     });
-    let body_service = idem_http::IdempotencyLayer::new(memory_idem()).layer(panics_in_body);
+    let body_service = open_layer(memory_idem()).layer(panics_in_body);
     let req = || {
         Request::post("/")
             .header("idempotency-key", "k")
@@ -448,4 +442,16 @@ async fn a_panic_in_call_or_in_the_response_body_is_stored() {
         );
     }
     assert_eq!(runs.load(Ordering::SeqCst), 2, "each ran once");
+}
+
+/// A layer with a scope, credentials digested with a secret, and requests without
+/// credentials sharing one key space (written down).
+fn open_layer(idem: idem_core::Idem) -> idem_http::IdempotencyLayer {
+    idem_http::IdempotencyLayer::new(idem)
+        .scope("responses")
+        .client_identity(
+            idem_http::ClientIdentity::credentials()
+                .keyed("the tests' deployment secret")
+                .share_anonymous(),
+        )
 }

@@ -86,7 +86,7 @@ fn app(
     Router::new()
         .route("/checkout", post(checkout))
         .with_state(shop.clone())
-        .layer(layer(IdempotencyLayer::new(idem.clone())))
+        .layer(layer(open_layer(idem.clone())))
 }
 
 /// The answer to one POST with the key `k-1`: status, headers, body.
@@ -108,7 +108,7 @@ async fn send(app: &Router) -> (StatusCode, http::HeaderMap, String) {
 /// The key the layer stores for the anonymous client's `k-1`, as an operator gives it to
 /// `idem resolve` (the layer's `warn` event names it).
 fn stored_key() -> Key {
-    Key::new(idem_http::DEFAULT_SCOPE, "-:k-1").unwrap()
+    Key::new(STEPS_SCOPE, "-:k-1").unwrap()
 }
 
 fn assert_outcome_unknown(status: StatusCode, headers: &http::HeaderMap, body: &str) {
@@ -252,7 +252,7 @@ async fn a_misused_step_is_a_500() {
     let idem = Idem::new(idem_stores::MemoryStore::new());
     let app = Router::new()
         .route("/checkout", post(twice))
-        .layer(IdempotencyLayer::new(idem));
+        .layer(open_layer(idem));
     let (status, headers, body) = send(&app).await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
     assert_eq!(headers["content-type"], "application/problem+json");
@@ -262,4 +262,19 @@ async fn a_misused_step_is_a_500() {
         problem["detail"].as_str().unwrap().contains("`charge`"),
         "{problem}"
     );
+}
+
+/// The scope of the layer under test.
+const STEPS_SCOPE: &str = "steps";
+
+/// A layer with the scope, credentials digested with a secret, and requests without
+/// credentials sharing one key space (written down).
+fn open_layer(idem: Idem) -> IdempotencyLayer {
+    IdempotencyLayer::new(idem)
+        .scope(STEPS_SCOPE)
+        .client_identity(
+            idem_http::ClientIdentity::credentials()
+                .keyed("the tests' deployment secret")
+                .share_anonymous(),
+        )
 }

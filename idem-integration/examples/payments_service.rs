@@ -8,16 +8,22 @@
 //! and `redis://...` with the `postgres` or `redis` feature); `PORT` the port on 127.0.0.1
 //! (default 3000; 0 picks a free one). It prints `listening on http://...` when ready, and
 //! on Ctrl-C waits for the charges still running before it exits.
+//!
+//! Every request authenticates with an API key (`Authorization: Bearer sk_test_alice`, or
+//! `sk_test_bob`): the authentication layer, outside the idempotency layer, leaves the
+//! customer in the request's extensions, and the idempotency layer keeps each customer's
+//! keys apart by it. `IDEM_HTTP_SCOPE` names the service's key space (default `payments`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 // With the facade's `http-axum` feature these are `idem::http::...`; the example names the
 // crate itself so that it runs without feature flags.
 use idem_http::{IdempotencyKey, IdempotencyLayer, Problem};
@@ -37,8 +43,49 @@ struct Payment {
     amount: u64,
     currency: String,
     status: &'static str,
-    /// The key passed on to the payment provider, so that its side is idempotent too.
+    /// The customer who was charged.
+    customer: String,
+    /// The key passed on to the payment provider, so that its side is idempotent too: the
+    /// customer's key, under the customer.
     provider_idempotency_key: String,
+}
+
+/// The authenticated customer: what the authentication layer leaves in the request's
+/// extensions, and what the idempotency layer tells clients apart by.
+#[derive(Debug, Clone)]
+struct Customer(String);
+
+/// The API keys and their customers. A real service looks its keys up in its database.
+const API_KEYS: &[(&str, &str)] = &[("sk_test_alice", "cus_alice"), ("sk_test_bob", "cus_bob")];
+
+/// Authentication: `Authorization: Bearer <api key>` is its customer; anything else is 401.
+async fn authenticate(mut req: Request, next: Next) -> Response {
+    let token = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let customer = API_KEYS
+        .iter()
+        .find(|(key, _)| Some(*key) == token)
+        .map(|(_, customer)| Customer((*customer).to_owned()));
+    match customer {
+        Some(customer) => {
+            req.extensions_mut().insert(customer);
+            next.run(req).await
+        }
+        None => (
+            StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            Problem::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                "Unauthenticated",
+                "send `Authorization: Bearer <your API key>`",
+            ),
+        )
+            .into_response(),
+    }
 }
 
 #[derive(Default)]
@@ -50,6 +97,7 @@ struct Payments {
 /// Runs once per `Idempotency-Key`: the layer answers every retry from the store.
 async fn charge(
     State(payments): State<Arc<Payments>>,
+    Extension(customer): Extension<Customer>,
     key: IdempotencyKey,
     Json(req): Json<ChargeRequest>,
 ) -> Response {
@@ -72,7 +120,10 @@ async fn charge(
         amount: req.amount,
         currency: req.currency,
         status: "succeeded",
-        provider_idempotency_key: key.into_string(),
+        // The provider sees every customer's charges under one account: the customer is
+        // part of the key passed on, or two customers' equal keys would be one charge there.
+        provider_idempotency_key: format!("{}/{}", customer.0, key.as_str()),
+        customer: customer.0,
     };
     payments
         .by_id
@@ -88,10 +139,15 @@ async fn charge(
         .into_response()
 }
 
-async fn get_payment(State(payments): State<Arc<Payments>>, Path(id): Path<String>) -> Response {
+async fn get_payment(
+    State(payments): State<Arc<Payments>>,
+    Extension(customer): Extension<Customer>,
+    Path(id): Path<String>,
+) -> Response {
     match payments.by_id.lock().expect("not poisoned").get(&id) {
-        Some(payment) => Json(payment.clone()).into_response(),
-        None => Problem::new(
+        // Another customer's payment is not found, not forbidden: its id tells nothing.
+        Some(payment) if payment.customer == customer.0 => Json(payment.clone()).into_response(),
+        _ => Problem::new(
             StatusCode::NOT_FOUND,
             "payment-not-found",
             "Payment not found",
@@ -115,12 +171,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let idem = idem::connect(&url).await?;
 
-    let idempotency = IdempotencyLayer::new(idem).scope("payments");
+    let scope = std::env::var("IDEM_HTTP_SCOPE").unwrap_or_else(|_| "payments".to_owned());
+    // A client is the customer the authentication layer found: the layer reads it from the
+    // request's extensions, never from a header a client could write.
+    let idempotency = IdempotencyLayer::new(idem)
+        .scope(scope)
+        // The lease bounds how long a crashed instance's charges answer 409: a bit over
+        // the handler's longest run (the provider's timeout), extended while it runs.
+        .lease(std::time::Duration::from_secs(10))
+        .principal(|parts| parts.extensions.get::<Customer>().map(|c| c.0.clone()));
     let drain = idempotency.drain_handle();
     let app = Router::new()
         .route("/payments/charge", post(charge))
         .route_layer(idempotency)
         .route("/payments/{id}", get(get_payment))
+        // The later layer is the outer one: authentication runs before idempotency.
+        .layer(middleware::from_fn(authenticate))
         .with_state(Arc::new(Payments::default()));
 
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;

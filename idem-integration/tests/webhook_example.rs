@@ -7,12 +7,16 @@ mod webhook_receiver;
 
 use std::sync::Arc;
 
-use webhook_receiver::{app, Fulfilled};
+use webhook_receiver::{app, signature, Fulfilled};
 
 async fn deliver(c: &reqwest::Client, url: &str, body: &str) -> (u16, Option<String>, String) {
     let res = c
         .post(url)
         .header("content-type", "application/json")
+        .header(
+            "webhook-signature",
+            signature(b"whsec_demo", body.as_bytes()),
+        )
         .body(body.to_owned())
         .send()
         .await
@@ -64,5 +68,29 @@ async fn each_event_acts_once_however_often_it_is_delivered() {
     assert_eq!(status, 400);
     assert!(body.contains("`/id`"), "{body}");
     assert_eq!(done.events.lock().unwrap().len(), 2);
+
+    // Unsigned, or signed with another secret: refused before the idempotency layer, so a
+    // forger cannot hold the next event's id.
+    let evt3 = r#"{"id":"evt_3","type":"payment.succeeded","data":{"order_id":"o-3"}}"#;
+    for sig in [
+        "",
+        "sha256=00",
+        &signature(b"not the secret", evt3.as_bytes()),
+    ] {
+        let res = c
+            .post(&url)
+            .header("content-type", "application/json")
+            .header("webhook-signature", sig)
+            .body(evt3)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 401, "{sig}");
+    }
+    assert_eq!(
+        deliver(&c, &url, evt3).await,
+        (200, None, "fulfilled order o-3".into())
+    );
+    assert_eq!(done.events.lock().unwrap().len(), 3);
     server.abort();
 }

@@ -399,3 +399,19 @@ macro_rules! per_backend {
         }
     };
 }
+
+/// The secret the tests key credential digests with.
+pub const TEST_SECRET: &[u8] = b"the tests' deployment secret";
+
+/// The layer as the tests of other behaviours set it up: a scope of its own, credentials
+/// digested with [`TEST_SECRET`], and requests without credentials sharing one key space
+/// (written down: `share_anonymous`).
+pub fn open_layer(idem: Idem) -> idem_http::IdempotencyLayer {
+    idem_http::IdempotencyLayer::new(idem)
+        .scope(unique_scope("open"))
+        .client_identity(
+            idem_http::ClientIdentity::credentials()
+                .keyed(TEST_SECRET)
+                .share_anonymous(),
+        )
+}
