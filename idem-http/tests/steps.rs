@@ -278,3 +278,55 @@ fn open_layer(idem: Idem) -> IdempotencyLayer {
                 .share_anonymous(),
         )
 }
+
+/// A handler that charges the body's amount in a step, then answers 409 (a status the layer
+/// does not store: the key is given back) until stock is back.
+async fn pay(State(shop): State<Arc<Shop>>, body: String) -> Response {
+    shop.handler_runs.fetch_add(1, SeqCst);
+    let charge = idem_core::step("charge", || async {
+        shop.charges.fetch_add(1, SeqCst);
+        Ok::<_, idem_core::Error>(format!("ch_for_{body}"))
+    })
+    .await;
+    match charge {
+        Err(err) => idem_http::IdemError(err).to_response(),
+        Ok(_) if shop.mail_down.load(SeqCst) => {
+            (StatusCode::CONFLICT, "stock changed").into_response()
+        }
+        Ok(charge) => (StatusCode::CREATED, format!("paid {body} with {charge}")).into_response(),
+    }
+}
+
+#[tokio::test]
+async fn a_retry_with_another_body_after_a_step_is_key_reuse_not_the_first_bodys_charge() {
+    let idem = Idem::new(idem_stores::MemoryStore::new());
+    let shop = Arc::new(Shop::default());
+    shop.mail_down.store(true, SeqCst);
+    let app = Router::new()
+        .route("/pay", post(pay))
+        .with_state(shop.clone())
+        .layer(open_layer(idem));
+    let send = |amount: &'static str| {
+        let app = app.clone();
+        async move {
+            let req = Request::post("/pay")
+                .header("idempotency-key", "k-pay")
+                .body(Body::from(amount))
+                .unwrap();
+            let res = app.oneshot(req).await.unwrap();
+            let status = res.status();
+            let body = res.into_body().collect().await.unwrap().to_bytes();
+            (status, String::from_utf8(body.to_vec()).unwrap())
+        }
+    };
+    assert_eq!(send("100").await.0, StatusCode::CONFLICT);
+    shop.mail_down.store(false, SeqCst);
+    let (status, body) = send("5000").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let (status, body) = send("100").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::CREATED, "paid 100 with ch_for_100")
+    );
+    assert_eq!(shop.charges.load(SeqCst), 1, "charged twice");
+}
