@@ -49,11 +49,15 @@ fn ambiguous() -> Error {
     }
 }
 
+/// A step to stop at: the operation, whether on a step's record, and the notifies that say
+/// it was reached and let it go on.
+type Stop = (&'static str, bool, Arc<Notify>, Arc<Notify>);
+
 #[derive(Debug, Clone)]
 struct Gated {
     inner: Arc<dyn Store>,
     /// (who, op on a step key?) -> (reached, go)
-    rules: Arc<Mutex<Vec<(&'static str, bool, Arc<Notify>, Arc<Notify>)>>>,
+    rules: Arc<Mutex<Vec<Stop>>>,
 }
 
 impl Gated {
