@@ -176,7 +176,11 @@ impl<'a, C: Codec> Call<'a, C> {
     /// record, so the next attempt runs it.
     ///
     /// It costs two store round trips more per first call; `call` is then not a name the
-    /// body's own steps can use.
+    /// body's own steps can use (a body whose plain step was named `call` before its call
+    /// became at most once renames it: that step's value would read as the body's result).
+    /// A step of the body whose outcome is unknown holds the key on that step and keeps the
+    /// mark: once the step is resolved, the next attempt holds the key on `call`, since
+    /// what the body did outside its steps happened.
     pub fn at_most_once(mut self) -> Self {
         self.options.at_most_once = true;
         self

@@ -369,11 +369,18 @@ where
             // ... and a person said what it returned: that is the call's result.
             Ok(Started::Resolved(payload)) => {
                 guard.disarm();
-                let value =
-                    envelope::open_value(&Json, 0, &payload).map_err(|source| Error::Decode {
-                        key: key.clone(),
-                        source,
-                    })?;
+                let value = match envelope::open_value(&Json, 0, &payload) {
+                    Ok(value) => value,
+                    // A resolution of the wrong type: held again, so that another one can
+                    // put it right.
+                    Err(error) => {
+                        tracing::warn!(target: "idem", key = %key, %error,
+                            "the body's resolved result does not decode into its type: the key is held until it is resolved again");
+                        journal.rehold_started(&payload).await;
+                        let hold = (CALL_STEP.to_owned(), journal.hold_id(), true);
+                        return hold_key(&held, token, hold, leased_at).await;
+                    }
+                };
                 let (sealed, out) = results.seal(key, Ok(value))?;
                 store_result(call, token, &sealed, leased_at + call.lease).await?;
                 journal.forget_steps();
@@ -402,11 +409,10 @@ where
     let out = match (journal.ending(), out) {
         // A step's outcome is unknown: whatever the body answered, the key is held (its
         // result is not stored, its claim not given back) until the step is resolved.
+        // An at-most-once body's mark stays: what it did outside its steps happened, and
+        // the next attempt holds the key on `call` too rather than run it again.
         (Ending::Held(step, step_record), _) => {
             guard.disarm();
-            if at_most_once {
-                journal.clear_started().await;
-            }
             let hold = (step, journal.hold_id(), step_record);
             return hold_key(&held, token, hold, beat.leased_at).await;
         }

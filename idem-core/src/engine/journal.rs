@@ -215,6 +215,22 @@ impl Journal {
         Ok(Started::Marked)
     }
 
+    /// Turns the `call` record's undecodable resolved value `payload` back into a hold, so
+    /// that the body's result can be resolved again.
+    pub(super) async fn rehold_started(&self, payload: &[u8]) {
+        let Ok(key) = self.key.step(CALL_STEP) else {
+            return;
+        };
+        let hold = Bytes::from(envelope::seal_held(CALL_STEP, self.token.0, true));
+        let store = &*self.store;
+        let replace = store.replace(&key, payload, Some((hold, self.hold_ttl)));
+        if let Err(e) = store_step(store, &self.clock, "replace", self.step_timeout, replace).await
+        {
+            tracing::warn!(target: "idem", key = %self.key, error = %e,
+                "could not hold the body's record again over its undecodable value");
+        }
+    }
+
     /// Clears the mark of an at-most-once call whose body ended with nothing to keep, so
     /// that the next attempt runs it: only while it is still this attempt's mark.
     pub(super) async fn clear_started(&self) {

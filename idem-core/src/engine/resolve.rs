@@ -368,6 +368,20 @@ impl Resolver<'_> {
         let store = self.store;
         let step_record = self.run(record_key, "get", store.get(record_key)).await?;
         let key_record = self.run(key, "get", store.get(key)).await?;
+        if let Some(Record::InProgress {
+            lease_remaining, ..
+        }) = &key_record
+        {
+            // An attempt runs now: its step or body may yet finish, and a resolution would
+            // answer for what it has not seen.
+            return Err(Error::Step {
+                key: Some(key.clone()),
+                step: step.to_owned(),
+                reason: format!(
+                    "an attempt of the key is running (its claim has {lease_remaining:?} left); resolve once it has ended and the key is held"
+                ),
+            });
+        }
         let key_hold = match key_record {
             Some(Record::Completed {
                 fingerprint,

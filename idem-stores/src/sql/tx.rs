@@ -224,7 +224,9 @@ impl<D: Transactional> SqlStore<D> {
     /// call's fingerprint and lives for the call's ttl; it commits or rolls back with the
     /// transaction. When another attempt's record of the step committed first (its
     /// transaction held the key's row until then), the answer is [`Error::InProgress`]:
-    /// roll back, and the retry replays that attempt's value.
+    /// roll back, and the retry replays that attempt's value. (On MySQL at its default
+    /// REPEATABLE READ, that loser may answer [`Error::Store`] instead, its read of the
+    /// winner's row being from its own snapshot: roll back all the same.)
     pub async fn record_step_in<T>(
         &self,
         conn: &mut D::Connection,
