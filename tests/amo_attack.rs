@@ -185,7 +185,7 @@ async fn a4_not_ran_resolution_while_the_body_runs() {
     assert_eq!(runs.load(SeqCst), 1);
     let r = idem.resolve(&k, "call", Resolution::NotRan).await;
     eprintln!("resolve NotRan while the body runs: {r:?}");
-    drop(first);
+    // `first` is never polled again: as if its process had died there.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let out = go(false).await;
     eprintln!("after: {out:?}");
