@@ -236,8 +236,10 @@ pub(crate) fn read_hold(bytes: &[u8]) -> Option<Hold> {
     })
 }
 
-/// The name of the step whose unknown outcome holds this record, if it is a hold (see
-/// [`read_hold`] for what counts as one).
+/// The name of the step whose unknown outcome holds this record, if it is a hold: exactly
+/// what the engine writes (format 2, the JSON codec's id, result version 0,
+/// `{"step":"<name>"}` with a valid step name, and, since holds carry ids, `"hold"` with 16
+/// lowercase hex digits and an optional `"step_record":false`); anything else is not a hold.
 pub fn held_step(bytes: &[u8]) -> Option<String> {
     read_hold(bytes).map(|hold| hold.step)
 }
