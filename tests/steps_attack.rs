@@ -787,7 +787,7 @@ async fn attack_macro_changed_payload_after_err_hold_resolution() {
 /// Helper for the CLI attack (ignored): holds `tests::steps_attack/cli-N` for N in 0..4 in
 /// the SQLite file named by `IDEM_ATTACK_SQLITE`.
 #[tokio::test]
-#[ignore]
+#[ignore = "a helper run by hand for the CLI attack: it needs IDEM_ATTACK_SQLITE and leaves held keys behind"]
 async fn helper_make_holds_for_the_cli() {
     let Ok(path) = std::env::var("IDEM_ATTACK_SQLITE") else {
         return;
