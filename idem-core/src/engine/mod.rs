@@ -245,7 +245,7 @@ impl Idem {
         let mut deleted = 0;
         for step in steps {
             let record = key.step(step)?;
-            if self.forget_step_record(key, &record, None).await? {
+            if self.forget_step_record(key, &record, false).await? {
                 deleted += 1;
             }
         }
@@ -253,12 +253,13 @@ impl Idem {
     }
 
     /// Deletes the step record `record` of `key`: refused while claimed, a completed one
-    /// by compare-and-set (only when it is `only`, if given), an ended one outright.
+    /// by compare-and-set, an ended one outright. With `holds_only`, only a hold is
+    /// deleted, and anything else (a value a resolution stored, a step running) is left.
     async fn forget_step_record(
         &self,
         key: &Key,
         record: &Key,
-        only: Option<&[u8]>,
+        holds_only: bool,
     ) -> Result<bool, Error> {
         let (store, clock) = (&*self.inner.store, observe::StoreClock::default());
         let limit = self.inner.step_timeout;
@@ -267,6 +268,7 @@ impl Idem {
             .await
             .map_err(on)?
         {
+            Some(Record::InProgress { .. }) | None if holds_only => Ok(false),
             Some(Record::InProgress {
                 lease_remaining, ..
             }) => Err(Error::InProgress {
@@ -274,7 +276,7 @@ impl Idem {
                 retry_after: lease_remaining,
             }),
             Some(Record::Completed { payload, .. }) => {
-                if only.is_some_and(|only| payload[..] != *only) {
+                if holds_only && crate::envelope::held_step(&payload).is_none() {
                     return Ok(false);
                 }
                 if !store.capabilities().replaces_records {
@@ -288,7 +290,6 @@ impl Idem {
                     .await
                     .map_err(on)
             }
-            None if only.is_some() => Ok(false),
             None => store_step(store, &clock, "delete", limit, store.delete(record))
                 .await
                 .map_err(on)
@@ -333,17 +334,8 @@ impl Idem {
         // The held step's record goes too, but only while it is a hold: a resolution may have
         // stored its value since.
         if let Some(step) = held {
-            let record = key.step(&step)?;
-            let store = &*self.inner.store;
-            let read = store_step(store, &clock, "get", limit, store.get(&record))
-                .await
-                .map_err(|source| step::store_error(&record, source))?;
-            if let Some(Record::Completed { payload, .. }) = read {
-                if crate::envelope::held_step(&payload).is_some() {
-                    self.forget_step_record(key, &record, Some(&payload))
-                        .await?;
-                }
-            }
+            self.forget_step_record(key, &key.step(&step)?, true)
+                .await?;
         }
         Ok(deleted)
     }
