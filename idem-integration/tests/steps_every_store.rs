@@ -1118,7 +1118,7 @@ async fn resolutions_race_from_every_caller(backend: Backend) {
                 }
                 Err(Error::LeaseLost { .. }) => lease_lost += 1,
                 Err(Error::OutcomeUnknown { .. } | Error::InProgress { .. }) => {}
-                Err(e) => panic!("{backend:?}: {e}"),
+                Err(e) => panic!("{backend:?}: {e}: {e:?}"),
             }
         }
     }

@@ -145,6 +145,54 @@ async fn a_replay_takes_no_row_lock() {
     assert_eq!(before, after, "a replay or an in-progress answer wrote");
 }
 
+/// Claims that InnoDB picks as deadlock victims are claimed again, not answered as store
+/// errors. Two claims wait on a third transaction's uncommitted insert of their key; when
+/// it rolls back, both hold a shared lock on the row and each needs the other's to insert:
+/// InnoDB rolls one back with error 1213. Both claims answer, and one of them acquires.
+#[tokio::test]
+async fn a_claim_chosen_as_a_deadlock_victim_is_claimed_again() {
+    let Some(store) = fresh().await else { return };
+    let store = std::sync::Arc::new(store);
+    for i in 0..5 {
+        let k = key(&format!("deadlock-{i}"));
+        let mut inserter = store.pool().begin().await.unwrap();
+        sqlx::query(&format!(
+            "INSERT INTO {} (`key`, fingerprint, token, completed, payload, ends_at, fence)
+               VALUES (?, ?, 1, FALSE, NULL, 0, 0)",
+            store.table()
+        ))
+        .bind(k.as_str().as_bytes())
+        .bind(&idem_core::Fingerprint::NONE.as_bytes()[..])
+        .execute(&mut *inserter)
+        .await
+        .unwrap();
+        let claims: Vec<_> = (0..2)
+            .map(|_| {
+                let (store, k) = (store.clone(), k.clone());
+                tokio::spawn(async move {
+                    let lease = Duration::from_secs(30);
+                    let fp = idem_core::Fingerprint::NONE;
+                    store
+                        .claim(&k, &fp, idem_core::Token::random(), lease)
+                        .await
+                })
+            })
+            .collect();
+        // Both claims reach the insert and wait on the uncommitted row's lock.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        inserter.rollback().await.unwrap();
+        let mut acquired = 0;
+        for claim in claims {
+            match claim.await.unwrap() {
+                Ok(idem_core::Claim::Acquired { .. }) => acquired += 1,
+                Ok(idem_core::Claim::InProgress { .. }) => {}
+                other => panic!("key {k}: a claim answered {other:?}"),
+            }
+        }
+        assert_eq!(acquired, 1, "key {k}: {acquired} claims acquired it");
+    }
+}
+
 /// `GET_LOCK` answers 0 when its timeout runs out: migrate then fails, saying another
 /// connection holds the lock, and creates nothing (it used to go on unlocked).
 #[tokio::test]

@@ -259,9 +259,20 @@ impl Dialect for MySql {
         }
         for attempt in 1..=CLAIM_ATTEMPTS {
             let args = request.args::<MySql>();
-            let row = MySql::fetch_optional(store.pool(), &store.statements().claim[0], args)
+            let row = match MySql::fetch_optional(store.pool(), &store.statements().claim[0], args)
                 .await
-                .map_err(err)?;
+            {
+                Ok(row) => row,
+                // Two claims inserting the key of a row just deleted (a release, a forget)
+                // both take a shared lock on the deleted row before their exclusive one:
+                // InnoDB breaks that deadlock by rolling one back whole. Nothing of it was
+                // written, so it is claimed again.
+                Err(e) if is_deadlock(&e) && attempt < CLAIM_ATTEMPTS => {
+                    tracing::debug!(target: "idem", key = %key, attempt, "claim chosen as a deadlock victim; running it again");
+                    continue;
+                }
+                Err(e) => return Err(err(e)),
+            };
             if let Some(row) = row {
                 // By position: sqlx knows no column names for the result of a prepared CALL.
                 let read = || -> Result<(bool, bool, bool, LiveRow, i64), sqlx::Error> {
@@ -305,6 +316,14 @@ impl Dialect for MySql {
         }
         Err(NoAnswer::error(Self::BACKEND))
     }
+}
+
+/// Whether `e` is InnoDB's deadlock answer (`ER_LOCK_DEADLOCK`): the statement's
+/// transaction was rolled back whole.
+fn is_deadlock(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|db| db.try_downcast_ref::<MySqlDatabaseError>())
+        .is_some_and(|db| db.number() == 1213)
 }
 
 /// The claim, one `CALL` and one round trip: arguments key, fingerprint, lease in
