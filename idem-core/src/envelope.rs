@@ -226,7 +226,7 @@ pub(crate) fn read_hold(bytes: &[u8]) -> Option<Hold> {
     let hold = serde_json::from_slice::<Stored>(payload).ok()?;
     let id_ok =
         |id: &str| id.len() == 16 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    let valid = crate::engine::step_name_is_valid(&hold.step)
+    let valid = crate::key::step_name_is_valid(&hold.step)
         && hold.hold.as_deref().is_none_or(id_ok)
         && (hold.step_record != Some(true))
         && (hold.step_record.is_none() || hold.hold.is_some());

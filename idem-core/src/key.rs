@@ -11,6 +11,12 @@ pub const MAX_ID_LEN: usize = 1024;
 /// The longest scope accepted, in bytes.
 pub const MAX_SCOPE_LEN: usize = 256;
 
+/// The longest step name, in bytes.
+pub const MAX_STEP_NAME_LEN: usize = 64;
+
+/// What joins a call's scope and a step's name in the scope of the step's record.
+const STEP_SCOPE: &str = "#step:";
+
 /// An idempotency key: a scope (by default the function's module path and name) and an id.
 ///
 /// The store sees one string, `scope/id` ([`Key::as_str`]). A scope never contains `/`, so
@@ -105,7 +111,7 @@ impl Key {
     /// assert!(key.step("no spaces").is_err());
     /// ```
     pub fn step(&self, name: &str) -> Result<Key, Error> {
-        crate::engine::step_record_key(self, name).map_err(|reason| Error::Step {
+        step_record_key(self, name).map_err(|reason| Error::Step {
             key: Some(self.clone()),
             step: name.to_owned(),
             reason,
@@ -274,6 +280,36 @@ pub(crate) fn shown(s: &str) -> impl fmt::Display + '_ {
     Shown(s)
 }
 
+/// Whether `name` can name a step: 1 to [`MAX_STEP_NAME_LEN`] bytes of ASCII letters,
+/// digits, `_`, `-` and `.`.
+pub(crate) fn check_step_name(name: &str) -> Result<(), String> {
+    let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
+    if name.is_empty() || name.len() > MAX_STEP_NAME_LEN || !name.chars().all(valid) {
+        return Err(format!(
+            "a step name is 1 to {MAX_STEP_NAME_LEN} bytes of ASCII letters, digits, `_`, `-` and `.`"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether `name` can name a step (see [`check_step_name`]).
+pub(crate) fn step_name_is_valid(name: &str) -> bool {
+    check_step_name(name).is_ok()
+}
+
+/// The key of the record of step `name` of the call keyed `parent`:
+/// `<scope>#step:<name>/<id>`.
+pub(crate) fn step_record_key(parent: &Key, name: &str) -> Result<Key, String> {
+    check_step_name(name)?;
+    Key::new(format!("{}{STEP_SCOPE}{name}", parent.scope()), parent.id()).map_err(|e| match e {
+        Error::InvalidKey { reason, .. } => format!(
+            "its record's key is not valid ({reason}): the call's scope and the step's name are at most {} bytes together",
+            MAX_SCOPE_LEN - STEP_SCOPE.len()
+        ),
+        other => other.to_string(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -356,5 +392,26 @@ mod tests {
             "{shown}"
         );
         assert!(shown.contains("(1200 bytes)"), "{shown}");
+    }
+
+    #[test]
+    fn step_names_are_short_plain_and_unambiguous() {
+        for good in ["charge", "email.0", "reserve-stock", "A_1"] {
+            assert!(check_step_name(good).is_ok(), "{good}");
+        }
+        let long = "x".repeat(MAX_STEP_NAME_LEN + 1);
+        for bad in ["", "a/b", "a b", "é", "#step:x", long.as_str()] {
+            assert!(check_step_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_step_record_key_is_the_scope_the_name_and_the_call_id() {
+        let parent = Key::new("shop::checkout", "o/1").unwrap();
+        let key = step_record_key(&parent, "charge").unwrap();
+        assert_eq!(key.as_str(), "shop::checkout#step:charge/o/1");
+        let long = Key::new("s".repeat(250), "o").unwrap();
+        let err = step_record_key(&long, "charge").unwrap_err();
+        assert!(err.contains("at most 250 bytes together"), "{err}");
     }
 }

@@ -453,17 +453,17 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// The backend's name, as errors and logs show it: `"memory"`, `"sqlite"`,
     /// `"postgres"`, `"mysql"`, `"redis"`, `"redis-cluster"`; `"custom"` unless a store says
     /// otherwise.
-    /// The engine names it in the [`StoreError::Timeout`] of a step that ran out of time.
+    /// The engine names it in the [`StoreError::Timeout`] of an operation that ran out of time.
     fn backend(&self) -> &'static str {
         "custom"
     }
 
-    /// How long a step of this store takes at most, when the store bounds each step itself:
+    /// How long an operation of this store takes at most, when the store bounds each one itself:
     /// `Some(d)` promises that [`claim`](Store::claim), [`complete`](Store::complete),
     /// [`release`](Store::release), [`extend`](Store::extend), [`get`](Store::get) and
     /// [`delete`](Store::delete) each answer within `d`, with a [`StoreError::Timeout`]
-    /// naming the step if nothing else. The engine then runs such a step under no timer of
-    /// its own when `d` is within the step's limit (the step timeout; for a complete, also
+    /// naming the operation if nothing else. The engine then runs such an operation under no
+    /// timer of its own when `d` is within its limit (the store timeout; for a complete, also
     /// no more than what is left of the lease), rather than under two (the Redis store
     /// bounds each script by its command timeout). [`wait`](Store::wait) is not covered: it
     /// is always timed by the engine. `None`, the default, promises nothing.

@@ -52,7 +52,7 @@ use crate::store::{Capabilities, Claim, Fingerprint, Record, Store, Token};
 /// let idem = Idem::new(store);
 /// ```
 ///
-/// A type that implements both traits has each step twice; with both traits in scope, call
+/// A type that implements both traits has each operation twice; with both traits in scope, call
 /// the store's as `Store::claim(&wrapper, ...)`.
 #[async_trait]
 pub trait StoreWrapper: Send + Sync + fmt::Debug + 'static {
@@ -130,7 +130,7 @@ pub trait StoreWrapper: Send + Sync + fmt::Debug + 'static {
     }
 
     /// [`Store::step_bound`]; none unless overridden, and not the inner store's: what a
-    /// wrapper adds around a step (a retry, a delay, a second call) is outside the inner
+    /// wrapper adds around an operation (a retry, a delay, a second call) is outside the inner
     /// store's bound. A wrapper that adds no time may forward it.
     fn step_bound(&self) -> Option<Duration> {
         None

@@ -1,4 +1,4 @@
-//! The claim: one atomic store step that acquires the key, answers its stored result, or
+//! The claim: one atomic store operation that acquires the key, answers its stored result, or
 //! says another call holds it; in wait mode, repeated until the holder finishes.
 
 use std::time::Duration;
@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::step::{wait_step, Steps};
+use super::store_op::{wait_op, StoreOps};
 use super::{retry_hint, InProgress, MIN_DURATION};
 use crate::error::Error;
 use crate::store::{Claim, Fence, Fingerprint, Token};
@@ -60,7 +60,7 @@ pub(super) enum Claimed {
 /// while another call holds it. A fingerprint that does not match the holder's is
 /// [`Error::KeyReuse`]. In [`InProgress::Reject`] mode the answer is [`Error::InProgress`],
 /// its hint bounded by [`retry_hint`].
-pub(super) async fn claim_or_wait(call: &Steps<'_>) -> Result<Claimed, Error> {
+pub(super) async fn claim_or_wait(call: &StoreOps<'_>) -> Result<Claimed, Error> {
     let (store, key, fp, lease) = (call.store, call.key, call.fingerprint, call.lease);
     let mut polls = Polls::new();
     let mut started = None;
@@ -141,10 +141,10 @@ pub(super) async fn claim_or_wait(call: &Steps<'_>) -> Result<Claimed, Error> {
             poll.min(remaining.max(MIN_DURATION)).min(left)
         };
         tracing::trace!(target: "idem", key = %key, ?pause, "waiting for the holder");
-        // The store's wait is told to return within `pause`; the step timeout on top bounds
+        // The store's wait is told to return within `pause`; the store timeout on top bounds
         // one that does not.
-        let limit = pause + call.step_timeout;
-        wait_step(store, call.clock, limit, store.wait(key, pause))
+        let limit = pause + call.store_timeout;
+        wait_op(store, call.clock, limit, store.wait(key, pause))
             .await
             .map_err(|source| call.error(source))?;
     }

@@ -16,7 +16,7 @@ use super::heartbeat::with_heartbeat;
 use super::journal::{self, Ending, Journal, Started, CALL_STEP};
 use super::observe::{count_call, count_held, outcome_label, InFlight, StoreClock};
 use super::release::ReleaseGuard;
-use super::step::Steps;
+use super::store_op::StoreOps;
 use super::{Call, InProgress, Inner, MissingKey, Origin, RequestPrint};
 use bytes::Bytes;
 use std::sync::Arc;
@@ -295,7 +295,7 @@ impl<C: Codec, P, T: Serialize + DeserializeOwned> Results<'_, C, P, T> {
     /// Keeps a stored outcome in the local cache, if there is one.
     fn keep<E>(
         &self,
-        call: &Steps<'_>,
+        call: &StoreOps<'_>,
         fingerprint: Fingerprint,
         payload: Bytes,
         out: &Result<T, E>,
@@ -325,7 +325,7 @@ struct Run {
 /// `results`, so that its future is `Send` whenever they are (a predicate of the errors to
 /// keep need not be `Sync`).
 async fn first_run<C, T, E, F, Fut, P>(
-    call: &Steps<'_>,
+    call: &StoreOps<'_>,
     results: Results<'_, C, P, T>,
     run: Run,
     body: F,
@@ -350,10 +350,10 @@ where
     // From here until the record is completed or released, dropping this future (or a panic
     // in the body) releases the claim in the background, unless a step may have acted
     // without its record: a retry at once would run it again.
-    let mut guard = ReleaseGuard::new(store, call.step_timeout, key.clone(), token);
+    let mut guard = ReleaseGuard::new(store, call.store_timeout, key.clone(), token);
     let in_doubt = journal.clone();
     guard.keep_when(move || in_doubt.in_doubt());
-    let held = Steps {
+    let held = StoreOps {
         ttl: hold_ttl,
         ..*call
     };
@@ -468,7 +468,7 @@ where
 /// lease began no earlier than `leased_at`. The call then answers
 /// [`Error::OutcomeUnknown`], or [`Error::OutcomeNotHeld`] if the hold could not be written.
 async fn hold_key<T, E>(
-    held: &Steps<'_>,
+    held: &StoreOps<'_>,
     token: Token,
     (step, id, step_record): (String, u64, bool),
     leased_at: Instant,
@@ -491,7 +491,7 @@ async fn hold_key<T, E>(
 }
 
 impl Options {
-    /// The context of the call's store steps: these options with the engine's defaults
+    /// The context of the call's store operations: these options with the engine's defaults
     /// filled in, each within what stores and clocks keep ([`Error::InvalidOption`] if not).
     fn resolve<'c>(
         &self,
@@ -499,11 +499,11 @@ impl Options {
         key: &'c Key,
         fingerprint: Fingerprint,
         clock: &'c StoreClock,
-    ) -> Result<Steps<'c>, Error> {
-        let call = Steps {
+    ) -> Result<StoreOps<'c>, Error> {
+        let call = StoreOps {
             store: &*inner.store,
             clock,
-            step_timeout: inner.step_timeout,
+            store_timeout: inner.store_timeout,
             key,
             fingerprint,
             ttl: self.ttl.unwrap_or(inner.ttl),

@@ -29,19 +29,13 @@ use super::complete::store_result;
 use super::heartbeat::{with_heartbeat, LeaseMark};
 use super::observe::StoreClock;
 use super::release::ReleaseGuard;
-use super::step::{step as store_step, store_error, Steps};
+use super::store_op::{store_error, store_op, StoreOps};
 use super::{InProgress, LeaseLoss};
 use crate::codec::Json;
 use crate::envelope::{self, Kind};
 use crate::error::Error;
-use crate::key::Key;
+use crate::key::{check_step_name, step_record_key, Key};
 use crate::store::{Fingerprint, Record, Store, Token};
-
-/// The longest step name, in bytes.
-pub const MAX_STEP_NAME_LEN: usize = 64;
-
-/// What joins a call's scope and a step's name in the scope of the step's record.
-const STEP_SCOPE: &str = "#step:";
 
 /// The step whose record says that the body of an [at-most-once](super::Call::at_most_once)
 /// call started.
@@ -84,7 +78,7 @@ pub(super) struct Journal {
     /// How long a hold lives, unresolved.
     hold_ttl: Duration,
     lease: Duration,
-    step_timeout: Duration,
+    store_timeout: Duration,
     lease_loss: LeaseLoss,
     state: Mutex<State>,
 }
@@ -124,7 +118,7 @@ pub(super) enum Ending {
 
 impl Journal {
     pub(super) fn new(
-        call: &Steps<'_>,
+        call: &StoreOps<'_>,
         store: Arc<dyn Store>,
         clock: Arc<StoreClock>,
         (token, claimed_at): (Token, Instant),
@@ -141,7 +135,7 @@ impl Journal {
             ttl: call.ttl,
             hold_ttl,
             lease: call.lease,
-            step_timeout: call.step_timeout,
+            store_timeout: call.store_timeout,
             lease_loss: call.lease_loss,
             state: Mutex::new(State::default()),
         })
@@ -186,7 +180,7 @@ impl Journal {
     pub(super) async fn mark_started(&self) -> Result<Started, Error> {
         let key = self.key.step(CALL_STEP)?;
         self.enter(CALL_STEP)?;
-        let call = self.steps(&key);
+        let call = self.store_ops(&key);
         let (token, leased_at) = match claim_or_wait(&call).await {
             Ok(Claimed::Completed { payload, .. }) => {
                 if envelope::held_step(&payload).is_some() {
@@ -206,9 +200,9 @@ impl Journal {
             Err(e) => return Err(e),
         };
         let hold = Bytes::from(envelope::seal_held(CALL_STEP, self.token.0, true));
-        let held = Steps {
+        let held = StoreOps {
             ttl: self.hold_ttl,
-            ..self.steps(&key)
+            ..self.store_ops(&key)
         };
         store_result(&held, token, &hold, leased_at + held.lease).await?;
         self.started(true);
@@ -224,8 +218,7 @@ impl Journal {
         let hold = Bytes::from(envelope::seal_held(CALL_STEP, self.token.0, true));
         let store = &*self.store;
         let replace = store.replace(&key, payload, Some((hold, self.hold_ttl)));
-        if let Err(e) = store_step(store, &self.clock, "replace", self.step_timeout, replace).await
-        {
+        if let Err(e) = store_op(store, &self.clock, "replace", self.store_timeout, replace).await {
             tracing::warn!(target: "idem", key = %self.key, error = %e,
                 "could not hold the body's record again over its undecodable value");
         }
@@ -241,7 +234,7 @@ impl Journal {
         let hold = envelope::seal_held(CALL_STEP, self.token.0, true);
         let store = &*self.store;
         let replace = store.replace(&key, &hold, None);
-        let cleared = store_step(store, &self.clock, "replace", self.step_timeout, replace).await;
+        let cleared = store_op(store, &self.clock, "replace", self.store_timeout, replace).await;
         if !matches!(cleared, Ok(true)) {
             tracing::warn!(target: "idem", key = %self.key,
                 "could not clear the mark of a body that ended with nothing to keep; the next attempt finds the key held");
@@ -254,7 +247,7 @@ impl Journal {
     }
 
     /// Deletes the step records of this attempt, now that the call's result is stored: in
-    /// the background, each bounded by the step timeout. One left behind (the store failed)
+    /// the background, each bounded by the store timeout. One left behind (the store failed)
     /// expires with its ttl, and no call reads it while the result lives.
     pub(super) fn forget_steps(&self) {
         let names = std::mem::take(&mut self.state().names);
@@ -265,7 +258,7 @@ impl Journal {
             .iter()
             .filter_map(|name| step_record_key(&self.key, name).ok())
             .collect();
-        let (store, limit) = (self.store.clone(), self.step_timeout);
+        let (store, limit) = (self.store.clone(), self.store_timeout);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -279,11 +272,11 @@ impl Journal {
         });
     }
 
-    fn steps<'c>(&'c self, key: &'c Key) -> Steps<'c> {
-        Steps {
+    fn store_ops<'c>(&'c self, key: &'c Key) -> StoreOps<'c> {
+        StoreOps {
             store: &*self.store,
             clock: &self.clock,
-            step_timeout: self.step_timeout,
+            store_timeout: self.store_timeout,
             key,
             fingerprint: self.fingerprint,
             ttl: self.ttl,
@@ -294,7 +287,7 @@ impl Journal {
             wait_timeout: self
                 .lease
                 .saturating_mul(2)
-                .saturating_add(self.step_timeout),
+                .saturating_add(self.store_timeout),
             retry_after: None,
             lease_loss: self.lease_loss,
         }
@@ -339,7 +332,7 @@ impl Journal {
         }
         let store = &*self.store;
         let get = store.get(&self.key);
-        match store_step(store, &self.clock, "get", self.step_timeout, get)
+        match store_op(store, &self.clock, "get", self.store_timeout, get)
             .await
             .map_err(|source| store_error(&self.key, source))?
         {
@@ -382,36 +375,6 @@ impl Journal {
         let now = Instant::now();
         now < step_leased_at + self.lease && now < self.call_lease.get() + self.lease
     }
-}
-
-/// Whether `name` can name a step: 1 to [`MAX_STEP_NAME_LEN`] bytes of ASCII letters,
-/// digits, `_`, `-` and `.`.
-fn check_name(name: &str) -> Result<(), String> {
-    let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.');
-    if name.is_empty() || name.len() > MAX_STEP_NAME_LEN || !name.chars().all(valid) {
-        return Err(format!(
-            "a step name is 1 to {MAX_STEP_NAME_LEN} bytes of ASCII letters, digits, `_`, `-` and `.`"
-        ));
-    }
-    Ok(())
-}
-
-/// Whether `name` can name a step (see [`check_name`]).
-pub(crate) fn step_name_is_valid(name: &str) -> bool {
-    check_name(name).is_ok()
-}
-
-/// The key of the record of step `name` of the call keyed `parent`:
-/// `<scope>#step:<name>/<id>`.
-pub(crate) fn step_record_key(parent: &Key, name: &str) -> Result<Key, String> {
-    check_name(name)?;
-    Key::new(format!("{}{STEP_SCOPE}{name}", parent.scope()), parent.id()).map_err(|e| match e {
-        Error::InvalidKey { reason, .. } => format!(
-            "its record's key is not valid ({reason}): the call's scope and the step's name are at most {} bytes together",
-            crate::key::MAX_SCOPE_LEN - STEP_SCOPE.len()
-        ),
-        other => other.to_string(),
-    })
 }
 
 /// A key for step `name` of the call keyed `parent`, to hand on to the system the step
@@ -701,7 +664,7 @@ where
 {
     let Some(journal) = current(name)? else {
         // A body run without a key: no idempotency, so the step is plain code.
-        check_name(name).map_err(|reason| Error::Step {
+        check_step_name(name).map_err(|reason| Error::Step {
             key: None,
             step: name.to_owned(),
             reason,
@@ -710,7 +673,7 @@ where
     };
     let key = journal.key.step(name)?;
     journal.enter(name)?;
-    let call = journal.steps(&key);
+    let call = journal.store_ops(&key);
     let (token, leased_at) = match claim_or_wait(&call).await {
         Ok(Claimed::Completed { payload, .. }) => {
             return replay(&journal, name, &key, payload).await.map_err(E::from)
@@ -732,7 +695,7 @@ where
     // as the call does: a later attempt runs it again.
     let mut guard = ReleaseGuard::new(
         journal.store.clone(),
-        journal.step_timeout,
+        journal.store_timeout,
         key.clone(),
         token,
     );
@@ -808,9 +771,9 @@ where
     tracing::warn!(target: "idem", key = %journal.key, step = name,
         "the step's outcome is unknown: the key is held until it is resolved");
     let hold = Bytes::from(envelope::seal_held(name, journal.token.0, true));
-    let held = Steps {
+    let held = StoreOps {
         ttl: journal.hold_ttl,
-        ..journal.steps(&key)
+        ..journal.store_ops(&key)
     };
     if store_result(&held, token, &hold, lease_ends).await.is_err() {
         journal.unrecorded();
@@ -842,9 +805,9 @@ where
     P: Ambiguous<E>,
 {
     let hold = Bytes::from(envelope::seal_held(name, journal.token.0, true));
-    let held = Steps {
+    let held = StoreOps {
         ttl: journal.hold_ttl,
-        ..journal.steps(key)
+        ..journal.store_ops(key)
     };
     if let Err(e) = store_result(&held, token, &hold, leased_at + held.lease).await {
         // Nothing ran: the claim is given back (or ends with its lease).
@@ -860,11 +823,11 @@ where
     let store = &*journal.store;
     let replace = |new: Option<(Bytes, Duration)>| {
         let replace = store.replace(key, &hold, new);
-        store_step(
+        store_op(
             store,
             &journal.clock,
             "replace",
-            journal.step_timeout,
+            journal.store_timeout,
             replace,
         )
     };
@@ -952,11 +915,11 @@ async fn replay<T: DeserializeOwned>(
     if store.capabilities().replaces_records {
         let hold = Bytes::from(envelope::seal_held(name, journal.token.0, true));
         let replace = store.replace(key, &payload, Some((hold, journal.hold_ttl)));
-        let replaced = store_step(
+        let replaced = store_op(
             store,
             &journal.clock,
             "replace",
-            journal.step_timeout,
+            journal.store_timeout,
             replace,
         );
         if let Err(e) = replaced.await {
@@ -965,30 +928,4 @@ async fn replay<T: DeserializeOwned>(
         }
     }
     Err(held())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn step_names_are_short_plain_and_unambiguous() {
-        for good in ["charge", "email.0", "reserve-stock", "A_1"] {
-            assert!(check_name(good).is_ok(), "{good}");
-        }
-        let long = "x".repeat(MAX_STEP_NAME_LEN + 1);
-        for bad in ["", "a/b", "a b", "é", "#step:x", long.as_str()] {
-            assert!(check_name(bad).is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn a_step_record_key_is_the_scope_the_name_and_the_call_id() {
-        let parent = Key::new("shop::checkout", "o/1").unwrap();
-        let key = step_record_key(&parent, "charge").unwrap();
-        assert_eq!(key.as_str(), "shop::checkout#step:charge/o/1");
-        let long = Key::new("s".repeat(250), "o").unwrap();
-        let err = step_record_key(&long, "charge").unwrap_err();
-        assert!(err.contains("at most 250 bytes together"), "{err}");
-    }
 }

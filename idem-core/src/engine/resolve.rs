@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use super::journal::provider_key;
 use super::observe::StoreClock;
-use super::step::{step as store_step, store_error};
+use super::store_op::{store_error, store_op};
 use super::Idem;
 use crate::codec::Json;
 use crate::envelope::{self, Kind};
@@ -208,7 +208,7 @@ impl Idem {
         let steps = Resolver {
             store,
             clock: StoreClock::default(),
-            limit: inner.step_timeout,
+            limit: inner.store_timeout,
             lease: inner.lease,
             ttl: inner.ttl,
         };
@@ -308,7 +308,7 @@ impl Idem {
         let store = &*self.inner.store;
         let clock = StoreClock::default();
         let get = store.get(key);
-        let record = store_step(store, &clock, "get", self.inner.step_timeout, get)
+        let record = store_op(store, &clock, "get", self.inner.store_timeout, get)
             .await
             .map_err(|source| store_error(key, source))?;
         Ok(matches!(record, Some(Record::Completed { payload, .. })
@@ -334,7 +334,7 @@ enum Wrote {
     Another,
 }
 
-/// The store steps of one resolution.
+/// The store operations of one resolution.
 struct Resolver<'s> {
     store: &'s dyn Store,
     clock: StoreClock,
@@ -350,7 +350,7 @@ impl Resolver<'_> {
         name: &'static str,
         call: impl Future<Output = Result<T, crate::StoreError>>,
     ) -> Result<T, Error> {
-        store_step(self.store, &self.clock, name, self.limit, call)
+        store_op(self.store, &self.clock, name, self.limit, call)
             .await
             .map_err(|source| store_error(key, source))
     }

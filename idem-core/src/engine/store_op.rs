@@ -1,4 +1,5 @@
-//! The time bound on every store step, and how a store failure reads to the caller.
+//! Store operations: the time bound on every round trip the engine makes to its store, and
+//! how a store failure reads to the caller.
 
 use std::future::Future;
 use std::pin::{pin, Pin};
@@ -12,14 +13,14 @@ use crate::store::{Fingerprint, Store};
 use super::observe::StoreClock;
 use super::{InProgress, LeaseLoss};
 
-/// One call as its store steps see it: the store, the call's clock and step timeout, the
+/// One call as its store operations see it: the store, the call's clock and store timeout, the
 /// key, and the call's options with the engine's defaults filled in. Built once by
 /// [`execute`](super::execute) and lent to every part (the claim, the heartbeat, the
 /// complete), so that each takes the call and what it alone adds.
-pub(super) struct Steps<'c> {
+pub(super) struct StoreOps<'c> {
     pub(super) store: &'c dyn Store,
     pub(super) clock: &'c StoreClock,
-    pub(super) step_timeout: Duration,
+    pub(super) store_timeout: Duration,
     pub(super) key: &'c Key,
     pub(super) fingerprint: Fingerprint,
     pub(super) ttl: Duration,
@@ -32,14 +33,14 @@ pub(super) struct Steps<'c> {
     pub(super) lease_loss: LeaseLoss,
 }
 
-impl Steps<'_> {
-    /// Runs one store step of this call under the step timeout (see [`step`]).
+impl StoreOps<'_> {
+    /// Runs one store operation of this call under the store timeout (see [`store_op`]).
     pub(super) async fn run<T>(
         &self,
         name: &'static str,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        step(self.store, self.clock, name, self.step_timeout, call).await
+        store_op(self.store, self.clock, name, self.store_timeout, call).await
     }
 
     /// A store failure of this call's key, as the caller sees it.
@@ -63,15 +64,15 @@ pub(super) fn store_error(key: &Key, source: StoreError) -> Error {
     }
 }
 
-/// Runs one store step under `limit`: every store call of the engine goes through here, so
-/// that an outage, a lost connection or a lock held elsewhere costs a caller at most this
-/// long per step, and the error says which step of which backend ran out of time.
+/// Runs one store operation under `limit`: every store call of the engine goes through here,
+/// so that an outage, a lost connection or a lock held elsewhere costs a caller at most this
+/// long per operation, and the error says which operation of which backend ran out of time.
 ///
-/// The step is polled once before its timer is made: a store that answers at once (the
-/// memory store, a cache) costs no timer. A store that bounds its steps itself within
+/// The operation is polled once before its timer is made: a store that answers at once (the
+/// memory store, a cache) costs no timer. A store that bounds its operations itself within
 /// `limit` ([`Store::step_bound`]) gets no timer from here either: one is enough. Its time
 /// is added to `clock`.
-pub(super) async fn step<T>(
+pub(super) async fn store_op<T>(
     store: &dyn Store,
     clock: &StoreClock,
     name: &'static str,
@@ -82,9 +83,9 @@ pub(super) async fn step<T>(
     timed(store, clock, name, limit, bounded, call).await
 }
 
-/// [`step`] for [`Store::wait`], which a store's bound does not cover (it waits as long as
+/// [`store_op`] for [`Store::wait`], which a store's bound does not cover (it waits as long as
 /// it is told): always under the engine's timer.
-pub(super) async fn wait_step(
+pub(super) async fn wait_op(
     store: &dyn Store,
     clock: &StoreClock,
     limit: Duration,
@@ -93,7 +94,7 @@ pub(super) async fn wait_step(
     timed(store, clock, "wait", limit, false, call).await
 }
 
-/// Runs a step under `limit`, or, when `bounded` (the store bounds it within `limit`),
+/// Runs an operation under `limit`, or, when `bounded` (the store bounds it within `limit`),
 /// under the store's bound alone.
 async fn timed<T>(
     store: &dyn Store,
@@ -110,12 +111,12 @@ async fn timed<T>(
         let mut call = pin!(call);
         match poll_once(call.as_mut()).await {
             Poll::Ready(res) => Ok(res),
-            // Boxed: the timer is large, and a step that needs it waits on the network.
+            // Boxed: the timer is large, and an operation that needs it waits on the network.
             Poll::Pending => Box::pin(tokio::time::timeout(limit, call)).await,
         }
     };
     if let Some(started) = started {
-        super::observe::store_step(clock, store.backend(), name, started.elapsed());
+        super::observe::time_store_op(clock, store.backend(), name, started.elapsed());
     }
     match res {
         Ok(res) => res,
