@@ -32,15 +32,17 @@ mod outcome;
 mod release;
 mod resolve;
 pub(crate) mod run;
+mod step;
+mod step_run;
 mod store_op;
 
 pub use builder::IdemBuilder;
 pub use call::{Answers, Call, CallWithOutcome, InProgress, LeaseLoss, MissingKey, RequestPrint};
 pub use complete::{Share, ValueEq, ValueOps};
 pub use context::fence;
-pub use journal::{step, step_key, step_record, Ambiguous, NeverUnknown, Step, StepRecord};
 pub use outcome::{Origin, Outcome};
 pub use resolve::{Resolution, Resolved, Unresolved};
+pub use step::{step, step_key, step_record, Ambiguous, NeverUnknown, Step, StepRecord};
 
 use store_op::store_op;
 
