@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{acquire, claim_anew, fp, key, unique_scope, LONG, PAST_SHORT, SHORT};
+use super::support::{acquire, claim_anew, fp, key, unique_scope, LONG, PAST_SHORT, SHORT};
 use crate::{Claim, Record, Store};
 
 /// A store that sets `replaces_records` swaps a completed record only when its payload is
