@@ -31,6 +31,7 @@ mod observe;
 mod outcome;
 mod release;
 mod resolve;
+mod resolver;
 pub(crate) mod run;
 mod step;
 mod step_run;

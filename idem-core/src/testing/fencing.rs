@@ -50,7 +50,7 @@ pub async fn lease_takeover_after_lease_ends(store: Arc<dyn Store>) {
 pub async fn extend_keeps_lease_alive(store: Arc<dyn Store>) {
     // The lease here is longer than `SHORT`: each extension must land while
     // the lease still runs, and on a loaded two-core CI machine a sleep plus a
-    // round trip has overrun 300 ms. 800 ms of slack per step keeps the test
+    // round trip has overrun 300 ms. 800 ms of slack per extension keeps the test
     // about the store, not the scheduler.
     let lease = Duration::from_millis(1_200);
     let k = key(&unique_scope("extend"), "k");

@@ -1,5 +1,5 @@
 //! The behaviours of [`Store::replace`]: a completed record swapped or deleted only while it
-//! holds the payload the caller read, in one atomic step.
+//! holds the payload the caller read, in one atomic operation.
 
 use std::sync::Arc;
 

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use super::skips::skip;
 use crate::{Claim, Fence, Fingerprint, Key, Store, StoreError, Token};
 
-/// A lease long enough that it does not end during a test step.
+/// A lease long enough that it does not end during a test.
 pub(super) const LONG: Duration = Duration::from_secs(30);
 /// A lease or ttl short enough to watch it end.
 pub(super) const SHORT: Duration = Duration::from_millis(300);
