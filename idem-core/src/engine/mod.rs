@@ -25,6 +25,7 @@ mod claim;
 mod complete;
 mod context;
 mod execute;
+mod first_run;
 mod heartbeat;
 mod journal;
 mod observe;
