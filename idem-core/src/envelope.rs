@@ -6,8 +6,10 @@
 //!        4  1 byte   format version (2; format 1 is still read)
 //!        5  1 byte   codec id
 //!        6  1 byte   kind: 0 = the function's value, 1 = a cached error, 2 = a hold (a
-//!                    step whose outcome is unknown: `{"step":"<name>"}` as JSON, read
-//!                    whatever the reading call's codec and version)
+//!                    step whose outcome is unknown: `{"step":"<name>","hold":"<id>"}`
+//!                    as JSON, with `"step_record":false` on a call's key whose step
+//!                    record could not be held, and without `hold` as older holds were
+//!                    written; read whatever the reading call's codec and version)
 //!        7  8 bytes  result version: the `version` the writing call declared (default 0),
 //!                    little endian
 //!       15  ...      the codec's payload

@@ -31,7 +31,7 @@
 //! backend whose server is not configured prints why, and panics instead when
 //! `IDEM_REQUIRE_BACKENDS=1`; see [`backend_url`]).
 //!
-//! Behaviours that only some backends offer are [`Capabilities`] flags; the suite checks
+//! Behaviours that only some backends offer are [`Capabilities`](crate::Capabilities) flags; the suite checks
 //! each flag both ways rather than skipping.
 //!
 //! Timing: leases and ttls in the suite are a few hundred milliseconds of real time, so the

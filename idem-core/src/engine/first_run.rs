@@ -80,7 +80,7 @@ pub(super) struct Run {
     pub(super) store: Arc<dyn Store>,
     pub(super) clock: Arc<StoreClock>,
     pub(super) hold_ttl: std::time::Duration,
-    /// The body is marked as started before it runs ([`Call::at_most_once`]).
+    /// The body is marked as started before it runs ([`Call::at_most_once`](super::Call::at_most_once)).
     pub(super) at_most_once: bool,
     pub(super) claim: (Token, Instant, Option<Fence>),
 }

@@ -11,10 +11,10 @@
 //! once: the second waits for the first's record. Step records live as long as results
 //! (the call's `ttl`); once the call's result is stored they are deleted.
 //!
-//! A step that fails in a way that leaves its outcome unknown ([`Step::unknown_if`]) is
+//! A step that fails in a way that leaves its outcome unknown ([`Step::unknown_if`](super::Step::unknown_if)) is
 //! completed with a hold instead of a value, and so is the call's own key: every later
 //! call of the key answers [`Error::OutcomeUnknown`] without running the body, until the
-//! step is resolved ([`Idem::resolve`], the engine's reconcile hook, or `idem resolve`).
+//! step is resolved ([`Idem::resolve`](super::Idem::resolve), the engine's reconcile hook, or `idem resolve`).
 //!
 //! This file holds the journal itself (what one attempt's steps share and leave, and the
 //! marks of at-most-once calls); [`step`](super::step) holds the API a body calls, and

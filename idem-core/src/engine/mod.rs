@@ -1,14 +1,30 @@
 //! The `Idem` engine: claim, run once, store, replay.
 //!
-//! Each file holds one part: [`builder`] the engine's defaults, [`call`] one call's options,
-//! [`run`] the ways to run a body, [`execute`] the state machine every run goes through,
-//! [`claim`] the claim and the wait for a concurrent holder, [`context`] what a running
-//! body can ask of its call (its fence), [`complete`] how a result is
-//! checked and stored, [`release`] the guard that gives a claim back, [`heartbeat`] the lease
-//! extension while the body runs, [`step`] the time bound on every store step, [`journal`]
-//! the user's steps inside a body (what they record, and the marks of at-most-once steps
-//! and calls), [`resolve`] how a step whose outcome is unknown is resolved, [`observe`]
-//! the span's outcome and the metrics, and [`outcome`] the replay signal.
+//! Each file holds one part:
+//!
+//! - [`builder`]: the engine's defaults and their checks.
+//! - [`call`]: one call's options, and those options resolved against the defaults.
+//! - [`run`]: the ways to run a body (`run`, `run_fallible`, ...).
+//! - [`execute`]: the state machine every run goes through: key, options, local cache,
+//!   claim, replay or first run.
+//! - [`first_run`]: a run under the claim it took: the body, then the claim given back,
+//!   the key held, or the outcome stored.
+//! - [`claim`]: the claim, and the wait for a concurrent holder.
+//! - [`context`]: what a running body can ask of its call (its fence).
+//! - [`complete`]: how an outcome is checked and stored.
+//! - [`release`]: the guard that gives a claim back.
+//! - [`heartbeat`]: the lease extension while the body runs.
+//! - [`store_op`](mod@store_op): a store operation: the time bound on every round trip to the store,
+//!   and how a store failure reads to the caller.
+//! - [`journal`]: what the user's steps inside one attempt share and leave, and the marks
+//!   of at-most-once calls.
+//! - [`step`](mod@step): the step API a body calls ([`step()`], [`Step`], [`step_key`],
+//!   [`step_record`]).
+//! - [`step_run`]: what running one step does against the store.
+//! - [`resolve`]: how a step whose outcome is unknown is resolved, by a person or the
+//!   reconcile hook; [`resolver`] the compare-and-set writes of one resolution.
+//! - [`observe`]: the span's outcome and the metrics.
+//! - [`outcome`]: the replay signal ([`Outcome`], [`Origin`]).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -127,7 +127,7 @@ impl Idem {
     /// the steps that completed and runs the rest.
     ///
     /// The step's record is written first and the key's hold lifted after, each only while
-    /// it is still the hold that was read ([`Store::replace`]): a resolution cut short is
+    /// it is still the hold that was read ([`Store::replace`](crate::Store::replace)): a resolution cut short is
     /// repeated safely, two resolutions racing each other write once (the other answers
     /// [`Resolved::NotHeld`] or [`Resolved::AlreadyResolved`]), and a resolution never touches
     /// the claim of an attempt that started since. A value written for `Ran` lives for the

@@ -124,7 +124,7 @@ impl fmt::Display for Token {
 pub struct Fence(u64);
 
 impl Fence {
-    /// No fence: what a store without [`Capabilities::assigns_fences`] answers.
+    /// No fence: what a store without [`Capabilities::assigns_fences`](crate::Capabilities::assigns_fences) answers.
     pub const NONE: Fence = Fence(0);
 
     /// The fence a store assigned as the number `n`.

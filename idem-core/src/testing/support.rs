@@ -120,7 +120,7 @@ pub(super) async fn fence_of(
 }
 
 /// Checks fences given in this order, each named by the claim that got it: strictly
-/// increasing where the store [assigns fences](Capabilities::assigns_fences), all
+/// increasing where the store [assigns fences](crate::Capabilities::assigns_fences), all
 /// [`Fence::NONE`] where it does not.
 pub(super) fn assert_fences(store: &dyn Store, fences: &[(&str, Fence)]) {
     if !store.capabilities().assigns_fences {
