@@ -17,7 +17,7 @@
 //! step is resolved ([`Idem::resolve`](super::Idem::resolve), the engine's reconcile hook, or `idem resolve`).
 //!
 //! This file holds the journal itself (what one attempt's steps share and leave, and the
-//! marks of at-most-once calls); [`step`](super::step) holds the API a body calls, and
+//! marks of at-most-once calls); [`step`](mod@super::step) holds the API a body calls, and
 //! [`step_run`](super::step_run) what running one step does against the store.
 
 use std::future::Future;
