@@ -2,6 +2,7 @@
 //! and the compare-and-set writes they call for (see [`resolve`](super::resolve)).
 
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,7 +13,7 @@ use super::store_op::{store_error, store_op};
 use crate::envelope;
 use crate::error::Error;
 use crate::key::Key;
-use crate::store::{Claim, Record, Store, Token};
+use crate::store::{Claim, Fingerprint, Record, Store, Token};
 
 /// The holds a resolution is about (see `Idem::resolve_hold`).
 pub(super) struct Pinned {
@@ -21,6 +22,40 @@ pub(super) struct Pinned {
     /// Whether they were read (or given) yet.
     pub(super) read: bool,
 }
+
+impl Pinned {
+    /// Pins the holds read now (`key`, `step`) on the first look; on a later one, whether
+    /// they are still the ones this resolution is about: a newer one is another attempt's,
+    /// whose step may have run since.
+    fn still_about(&mut self, key: Option<Bytes>, step: Option<Bytes>) -> bool {
+        if !self.read {
+            *self = Pinned {
+                key,
+                step,
+                read: true,
+            };
+            return true;
+        }
+        let newer_key = self.key.is_some() && key.is_some() && self.key != key;
+        let asked_gone = self.key.is_some() && key.is_none() && self.step.is_none();
+        let newer_step = match (&self.step, &step) {
+            (Some(read), Some(now)) => read != now,
+            (None, Some(_)) => self.key.is_some() && self.key != key,
+            _ => false,
+        };
+        if newer_key || newer_step || asked_gone {
+            return false;
+        }
+        if self.step.is_none() {
+            self.step = step;
+        }
+        true
+    }
+}
+
+/// The key's hold of the step being resolved: the key's record's fingerprint, the hold as
+/// read, and whether the step's own record holds too.
+type KeyHold = Option<(Fingerprint, Bytes, bool)>;
 
 /// What a resolution did to the step's record.
 enum Wrote {
@@ -97,38 +132,49 @@ impl Resolver<'_> {
             _ => None,
         };
         let key_bytes = key_hold.as_ref().map(|(_, hold, _)| hold.clone());
-        if !pinned.read {
-            *pinned = Pinned {
-                key: key_bytes,
-                step: step_hold,
-                read: true,
-            };
-        } else {
-            // Only the holds this resolution is about: a newer one is another attempt's,
-            // whose step may have run since.
-            let newer_key = pinned.key.is_some() && key_bytes.is_some() && pinned.key != key_bytes;
-            let asked_gone = pinned.key.is_some() && key_bytes.is_none() && pinned.step.is_none();
-            let newer_step = match (&pinned.step, &step_hold) {
-                (Some(read), Some(now)) => read != now,
-                (None, Some(_)) => pinned.key.is_some() && pinned.key != key_bytes,
-                _ => false,
-            };
-            if newer_key || newer_step || asked_gone {
-                return Ok(Some(Resolved::NotHeld));
-            }
-            if pinned.step.is_none() {
-                pinned.step = step_hold;
-            }
+        if !pinned.still_about(key_bytes, step_hold) {
+            return Ok(Some(Resolved::NotHeld));
         }
-        // What this resolution did to the step's record: wrote it, found nothing to write
-        // (not ran, and no record: lifting the key's hold is the whole resolution), or found
-        // another resolution's value (or a run's), which it leaves.
-        let wrote = match step_record {
+        let written = self.write_step(key, (record_key, step_record), step, &key_hold, value);
+        let wrote = match written.await? {
+            ControlFlow::Continue(wrote) => wrote,
+            ControlFlow::Break(answer) => return Ok(answer),
+        };
+        let lifted = match &key_hold {
+            Some((_, hold, _)) => {
+                let replace = store.replace(key, hold, None);
+                self.run(key, "replace", replace).await?
+            }
+            None => false,
+        };
+        Ok(Some(match (wrote, lifted) {
+            (Wrote::Step, _) | (Wrote::Nothing, true) => Resolved::Resolved,
+            (Wrote::Another, true) => Resolved::AlreadyResolved,
+            (_, false) => Resolved::NotHeld,
+        }))
+    }
+
+    /// Writes the step's record (`record_key`, read as `step_record`) as `value` says, given
+    /// the key's hold of the step (`key_hold`), if any. `Continue` with what it did to the
+    /// record: wrote it, found nothing to write (not ran, and no record: lifting the key's
+    /// hold is the whole resolution), or found another resolution's value (or a run's),
+    /// which it leaves; `Break` with the attempt's answer when there is nothing more to do
+    /// (`None`: a record changed, look again).
+    async fn write_step(
+        &self,
+        key: &Key,
+        (record_key, step_record): (&Key, Option<Record>),
+        step: &str,
+        key_hold: &KeyHold,
+        value: &Option<Bytes>,
+    ) -> Result<ControlFlow<Option<Resolved>, Wrote>, Error> {
+        let store = self.store;
+        let answer = match step_record {
             Some(Record::Completed { payload, .. }) if envelope::held_step(&payload).is_some() => {
                 let new = value.clone().map(|v| (v, self.ttl));
                 let replace = store.replace(record_key, &payload, new);
                 if !self.run(record_key, "replace", replace).await? {
-                    return Ok(None);
+                    return Ok(ControlFlow::Break(None));
                 }
                 Wrote::Step
             }
@@ -139,7 +185,7 @@ impl Resolver<'_> {
             }) => {
                 if key_hold.is_none() {
                     // An attempt runs the step now: nothing is held.
-                    return Ok(Some(Resolved::NotHeld));
+                    return Ok(ControlFlow::Break(Some(Resolved::NotHeld)));
                 }
                 return Err(Error::Step {
                     key: Some(key.clone()),
@@ -149,8 +195,8 @@ impl Resolver<'_> {
                     ),
                 });
             }
-            None => match (value, &key_hold) {
-                (_, None) => return Ok(Some(Resolved::NotHeld)),
+            None => match (value, key_hold) {
+                (_, None) => return Ok(ControlFlow::Break(Some(Resolved::NotHeld))),
                 // Not ran, and no record to delete: the key's hold is all there is.
                 (None, Some(_)) => Wrote::Nothing,
                 // The step's hold was there and is gone: another resolution (as not ran)
@@ -167,22 +213,13 @@ impl Resolver<'_> {
                             self.run(record_key, "complete", complete).await?;
                             Wrote::Step
                         }
-                        Claim::Completed { .. } | Claim::InProgress { .. } => return Ok(None),
+                        Claim::Completed { .. } | Claim::InProgress { .. } => {
+                            return Ok(ControlFlow::Break(None))
+                        }
                     }
                 }
             },
         };
-        let lifted = match &key_hold {
-            Some((_, hold, _)) => {
-                let replace = store.replace(key, hold, None);
-                self.run(key, "replace", replace).await?
-            }
-            None => false,
-        };
-        Ok(Some(match (wrote, lifted) {
-            (Wrote::Step, _) | (Wrote::Nothing, true) => Resolved::Resolved,
-            (Wrote::Another, true) => Resolved::AlreadyResolved,
-            (_, false) => Resolved::NotHeld,
-        }))
+        Ok(ControlFlow::Continue(answer))
     }
 }
