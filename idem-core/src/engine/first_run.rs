@@ -156,30 +156,12 @@ where
         // A step's record belongs to another payload of the key: this payload is refused,
         // whatever the body answered.
         (Ending::Reused { unrecorded }, _) => {
-            match unrecorded {
-                true => guard.disarm(),
-                false => {
-                    if at_most_once {
-                        journal.clear_started().await;
-                    }
-                    guard.release(call.clock).await
-                }
-            }
+            give_back(call, &journal, &mut guard, at_most_once, unrecorded).await;
             return Err(Error::KeyReuse { key: key.clone() });
         }
         (ending, Err(e)) if !guard.held_while(|| results.policy.cache(&e)) => {
-            match ending {
-                // A step may have taken effect without its record: giving the claim back
-                // would let a retry run it again at once, so it ends with its lease instead
-                // (and an at-most-once body's mark stays: the next attempt holds the key).
-                Ending::Unrecorded => guard.disarm(),
-                _ => {
-                    if at_most_once {
-                        journal.clear_started().await;
-                    }
-                    guard.release(call.clock).await
-                }
-            }
+            let unrecorded = matches!(ending, Ending::Unrecorded);
+            give_back(call, &journal, &mut guard, at_most_once, unrecorded).await;
             return Ok(Happened::Released(e));
         }
         (_, out) => out,
@@ -200,6 +182,27 @@ where
     let out = out.await?;
     tracing::debug!(target: "idem", key = %key, token = %token, "completed");
     Ok(Happened::Ran(out))
+}
+
+/// Gives the claim `guard` guards back after a body whose outcome is not stored, unless
+/// one of its steps may have taken effect without its record (`unrecorded`): giving the
+/// claim back would let a retry run it again at once, so it ends with its lease instead
+/// (and an at-most-once body's mark stays: the next attempt holds the key).
+async fn give_back(
+    call: &StoreOps<'_>,
+    journal: &Journal,
+    guard: &mut ReleaseGuard,
+    at_most_once: bool,
+    unrecorded: bool,
+) {
+    if unrecorded {
+        guard.disarm();
+        return;
+    }
+    if at_most_once {
+        journal.clear_started().await;
+    }
+    guard.release(call.clock).await
 }
 
 /// Marks an at-most-once body as started before it runs, under the claim `token` (leased
