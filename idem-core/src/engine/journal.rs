@@ -35,7 +35,8 @@ use super::store_op::{store_error, store_op, StoreOps};
 use super::{InProgress, LeaseLoss};
 use crate::envelope;
 use crate::error::Error;
-use crate::key::{step_record_key, Key};
+use crate::key::construct::step_record_key;
+use crate::key::Key;
 use crate::store::{Fingerprint, Record, Store, Token};
 
 /// The step whose record says that the body of an [at-most-once](super::Call::at_most_once)
