@@ -8,6 +8,8 @@
 pub mod proxy;
 #[cfg(feature = "redis")]
 pub mod redis_server;
+#[cfg(all(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub mod tx;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
