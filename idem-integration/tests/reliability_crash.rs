@@ -363,10 +363,32 @@ async fn reliability_crash_redis_server_restart_keeps_results() {
     assert_eq!(runs.load(Ordering::SeqCst), 20);
     server.spawn();
 
+    same_answers_after_the_restart(&idem, &runs, &ids, &values).await;
+    let (answer, ran) = tokio::task::spawn_blocking({
+        let url = url.clone();
+        move || complete_in_child(&url, "restart-0")
+    })
+    .await
+    .unwrap();
+    assert_eq!(answer, values[0]);
+    assert!(!ran, "a new process ran the body after the restart");
+    let key = Key::new(SCOPE, "restart-0").unwrap();
+    assert!(idem.store().get(&key).await.unwrap().is_some());
+    eprintln!("reliability crash redis-server: 20 results survived SIGKILL and restart");
+}
+
+/// Once the restarted server answers (within 15 s), every id replays its value, and no
+/// body of the 20 ran again.
+async fn same_answers_after_the_restart(
+    idem: &Idem,
+    runs: &AtomicU32,
+    ids: &[String],
+    values: &[String],
+) {
     let deadline = Instant::now() + Duration::from_secs(15);
-    for (id, v) in ids.iter().zip(&values) {
+    for (id, v) in ids.iter().zip(values) {
         let got = loop {
-            match charge(&idem, &runs, id.clone(), false).await {
+            match charge(idem, runs, id.clone(), false).await {
                 Err(Error::Store { .. }) if Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(50)).await
                 }
@@ -381,17 +403,6 @@ async fn reliability_crash_redis_server_restart_keeps_results() {
         20,
         "a body ran again after the restart"
     );
-    let (answer, ran) = tokio::task::spawn_blocking({
-        let url = url.clone();
-        move || complete_in_child(&url, "restart-0")
-    })
-    .await
-    .unwrap();
-    assert_eq!(answer, values[0]);
-    assert!(!ran, "a new process ran the body after the restart");
-    let key = Key::new(SCOPE, "restart-0").unwrap();
-    assert!(idem.store().get(&key).await.unwrap().is_some());
-    eprintln!("reliability crash redis-server: 20 results survived SIGKILL and restart");
 }
 
 // --- a Postgres server of the test's own, crashed and restarted ----------------------------
@@ -561,24 +572,7 @@ async fn server_restart_keeps_results<S: OwnServer>(server: S, label: &str) {
     .await
     .unwrap();
 
-    let deadline = Instant::now() + Duration::from_secs(15);
-    for (id, v) in ids.iter().zip(&values) {
-        let got = loop {
-            match charge(&idem, &runs, id.clone(), false).await {
-                Err(Error::Store { .. }) if Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(50)).await
-                }
-                other => break other,
-            }
-        };
-        let got = got.unwrap_or_else(|e| panic!("{id} after the restart: {e:?}"));
-        assert_eq!(&got, v, "{id} after the restart");
-    }
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        20,
-        "a body ran again after the restart"
-    );
+    same_answers_after_the_restart(&idem, &runs, &ids, &values).await;
     let first = ids[0].clone();
     let (answer, ran) = tokio::task::spawn_blocking({
         let url = url.clone();
