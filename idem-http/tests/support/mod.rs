@@ -357,6 +357,25 @@ pub async fn post(
     req.send().await.expect("request")
 }
 
+/// Sends one POST with `key`, `body` and the given extra headers.
+pub async fn send(
+    c: &reqwest::Client,
+    url: &str,
+    key: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> reqwest::Response {
+    let mut req = c
+        .post(url)
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(body.to_owned());
+    for (name, value) in headers {
+        req = req.header(*name, *value);
+    }
+    req.send().await.expect("request")
+}
+
 /// Status, the replay header, and the body, read.
 pub async fn parts(res: reqwest::Response) -> (u16, Option<String>, String) {
     let status = res.status().as_u16();
