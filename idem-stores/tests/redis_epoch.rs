@@ -39,6 +39,22 @@ async fn call(idem: &Idem, key: &Key, runs: &AtomicU32, value: u32) -> Result<u3
         .await
 }
 
+/// A store on `server` that reads its epoch at most every `interval`, under `policy` (the
+/// default's when `None`), and an engine on it with a 5 s lease.
+async fn store_and_engine(
+    server: &PrivateRedis,
+    interval: Duration,
+    policy: Option<LostRecords>,
+) -> (RedisStore, Idem) {
+    let mut builder = RedisStore::builder().epoch_check_interval(interval);
+    if let Some(policy) = policy {
+        builder = builder.on_lost_records(policy);
+    }
+    let store = builder.open(&server.url()).await.unwrap();
+    let idem = engine(&store, Duration::from_secs(5));
+    (store, idem)
+}
+
 fn engine(store: &RedisStore, lease: Duration) -> Idem {
     Idem::builder()
         .store(store.clone())
@@ -266,12 +282,7 @@ async fn a_flush_is_seen_by_the_next_claim_and_no_completed_key_runs_again() {
         return;
     };
     Logged::global(); // listening before anything logs
-    let store = RedisStore::builder()
-        .epoch_check_interval(Duration::from_secs(3600))
-        .open(&server.url())
-        .await
-        .unwrap();
-    let idem = engine(&store, Duration::from_secs(5));
+    let (store, idem) = store_and_engine(&server, Duration::from_secs(3600), None).await;
     let runs = AtomicU32::new(0);
     let keys: Vec<Key> = (0..20)
         .map(|i| key("epoch-claim", &format!("k{i}")))
@@ -315,12 +326,7 @@ async fn concurrent_claims_that_see_a_flush_notice_it_once_and_all_fail_closed()
         return;
     };
     Logged::global(); // listening before anything logs
-    let store = RedisStore::builder()
-        .epoch_check_interval(Duration::from_secs(3600))
-        .open(&server.url())
-        .await
-        .unwrap();
-    let idem = engine(&store, Duration::from_secs(5));
+    let (store, idem) = store_and_engine(&server, Duration::from_secs(3600), None).await;
     let runs = Arc::new(AtomicU32::new(0));
     let keys: Vec<Key> = (0..20)
         .map(|i| key("epoch-claim-race", &format!("k{i}")))
@@ -360,13 +366,8 @@ async fn a_flush_seen_by_a_claim_under_warn_is_logged_and_the_claim_goes_on() {
         return;
     };
     Logged::global(); // listening before anything logs
-    let store = RedisStore::builder()
-        .epoch_check_interval(Duration::from_secs(3600))
-        .on_lost_records(LostRecords::Warn)
-        .open(&server.url())
-        .await
-        .unwrap();
-    let idem = engine(&store, Duration::from_secs(5));
+    let (store, idem) =
+        store_and_engine(&server, Duration::from_secs(3600), Some(LostRecords::Warn)).await;
     let runs = AtomicU32::new(0);
     let k = key("epoch-claim-warn", "k");
     assert_eq!(call(&idem, &k, &runs, 1).await.unwrap(), 1);
@@ -383,12 +384,7 @@ async fn a_flush_between_two_steps_is_noticed_once_the_interval_passed() {
         return;
     };
     let interval = Duration::from_millis(200);
-    let store = RedisStore::builder()
-        .epoch_check_interval(interval)
-        .open(&server.url())
-        .await
-        .unwrap();
-    let idem = engine(&store, Duration::from_secs(5));
+    let (_store, idem) = store_and_engine(&server, interval, None).await;
     let runs = AtomicU32::new(0);
     let k = key("epoch-interval", "k");
     call(&idem, &k, &runs, 1).await.unwrap();
@@ -408,12 +404,7 @@ async fn concurrent_steps_notice_a_loss_once_and_all_fail_closed() {
     };
     Logged::global(); // listening before anything logs
     let interval = Duration::from_millis(100);
-    let store = RedisStore::builder()
-        .epoch_check_interval(interval)
-        .open(&server.url())
-        .await
-        .unwrap();
-    let idem = engine(&store, Duration::from_secs(5));
+    let (store, idem) = store_and_engine(&server, interval, None).await;
     let runs = Arc::new(AtomicU32::new(0));
     call(&idem, &key("epoch-concurrent", "before"), &runs, 1)
         .await
@@ -447,13 +438,13 @@ async fn a_healthy_server_never_looks_lost_across_many_steps_and_a_reconnect() {
         return;
     };
     let events = Logged::global();
-    let store = RedisStore::builder()
-        .epoch_check_interval(Duration::ZERO) // the epoch before every step
-        .on_lost_records(LostRecords::FailClaimsUntilAcknowledged)
-        .open(&server.url())
-        .await
-        .unwrap();
-    let idem = engine(&store, Duration::from_secs(5));
+    // The epoch is read before every step.
+    let (store, idem) = store_and_engine(
+        &server,
+        Duration::ZERO,
+        Some(LostRecords::FailClaimsUntilAcknowledged),
+    )
+    .await;
     let runs = AtomicU32::new(0);
     for i in 0..100 {
         let k = key("epoch-healthy", &format!("k{}", i % 50));
