@@ -23,8 +23,8 @@ use idem_core::testing::{backend_url, unique_scope};
 use idem_core::{Claim, Error, Fingerprint, Idem, InProgress, Record, Store, StoreError, Token};
 use idem_stores::RedisStore;
 use support::redis_server::{
-    admin, claim_new, command_calls, delta, key, resends_acquire_while_own_tokens_race,
-    round_trips, shared_store, PrivateRedis, URL_VAR,
+    admin, claim_new, command_calls, complete_new, delta, key,
+    resends_acquire_while_own_tokens_race, round_trips, shared_store, PrivateRedis, URL_VAR,
 };
 
 idem_core::conformance_tests!(redis, shared_store());
@@ -567,20 +567,7 @@ async fn special_keys_stay_on_their_own_redis_keys() {
             "an id formed a hash tag: {rk:?}"
         );
         assert!(redis_keys.insert(rk.clone()), "two ids share {rk:?}");
-        match claim_new(&store, &k).await {
-            Claim::Acquired { token, .. } => {
-                store
-                    .complete(
-                        &k,
-                        token,
-                        idem_core::Bytes::from(id.to_string()),
-                        Duration::from_secs(60),
-                    )
-                    .await
-                    .unwrap();
-            }
-            other => panic!("{id:?}: {other:?}"),
-        }
+        complete_new(&store, &k, idem_core::Bytes::from(id.to_string())).await;
         let exists: bool = ::redis::cmd("EXISTS")
             .arg(&rk)
             .query_async(&mut admin)

@@ -19,7 +19,7 @@ use idem_core::testing::{backend_url, unique_scope};
 use idem_core::{Claim, Error, Fingerprint, Idem, InProgress, Record, Store, Token};
 use idem_stores::RedisStore;
 use support::redis_server::{
-    admin, claim_new, cluster_nodes as nodes, cluster_store, key,
+    admin, claim_new, cluster_nodes as nodes, cluster_store, complete_new, key,
     resends_acquire_while_own_tokens_race, Logged, CLUSTER_VAR,
 };
 
@@ -81,18 +81,7 @@ async fn hash_tags_in_ids_do_not_pin_records_to_one_slot() {
             .await
             .unwrap();
         slots.insert(slot);
-        let Claim::Acquired { token, .. } = claim_new(&store, &k).await else {
-            panic!("fresh key not acquired");
-        };
-        store
-            .complete(
-                &k,
-                token,
-                idem_core::Bytes::from(i.to_string()),
-                Duration::from_secs(60),
-            )
-            .await
-            .unwrap();
+        complete_new(&store, &k, idem_core::Bytes::from(i.to_string())).await;
     }
     assert!(slots.len() > 12, "records piled onto {} slots", slots.len());
     for i in 0..24 {

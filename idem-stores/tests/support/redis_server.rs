@@ -52,6 +52,17 @@ pub async fn claim_new(store: &dyn Store, k: &Key) -> Claim {
         .unwrap()
 }
 
+/// Claims `k` with a token of its own and completes it with `payload` (kept 60 s).
+pub async fn complete_new(store: &dyn Store, k: &Key, payload: idem_core::Bytes) {
+    let Claim::Acquired { token, .. } = claim_new(store, k).await else {
+        panic!("{k}: a fresh key was not acquired");
+    };
+    store
+        .complete(k, token, payload, Duration::from_secs(60))
+        .await
+        .unwrap();
+}
+
 /// Closes every client connection of the server but `admin`'s own (`CLIENT KILL TYPE
 /// normal SKIPME yes`): how many it closed.
 pub async fn kill_normal_clients(admin: &mut ::redis::aio::MultiplexedConnection) -> i64 {
