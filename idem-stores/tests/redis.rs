@@ -23,8 +23,8 @@ use idem_core::testing::{backend_url, unique_scope};
 use idem_core::{Claim, Error, Fingerprint, Idem, InProgress, Record, Store, StoreError, Token};
 use idem_stores::RedisStore;
 use support::redis_server::{
-    admin, claim_new, command_calls, complete_new, delta, key,
-    resends_acquire_while_own_tokens_race, round_trips, shared_store, PrivateRedis, URL_VAR,
+    admin, claim_new, complete_new, counted, key, resends_acquire_while_own_tokens_race,
+    round_trips, shared_store, PrivateRedis, URL_VAR,
 };
 
 idem_core::conformance_tests!(redis, shared_store());
@@ -52,9 +52,8 @@ async fn round_trips_first_call_two_replay_one() {
         })
     };
 
-    let before = command_calls(&mut admin).await;
-    assert_eq!(call().await.unwrap(), "receipt");
-    let first = delta(&before, &command_calls(&mut admin).await);
+    let (answer, first) = counted(&mut admin, call()).await;
+    assert_eq!(answer.unwrap(), "receipt");
     assert_eq!(
         round_trips(&first),
         2,
@@ -69,9 +68,8 @@ async fn round_trips_first_call_two_replay_one() {
     );
 
     for _ in 0..3 {
-        let before = command_calls(&mut admin).await;
-        assert_eq!(call().await.unwrap(), "receipt");
-        let replay = delta(&before, &command_calls(&mut admin).await);
+        let (answer, replay) = counted(&mut admin, call()).await;
+        assert_eq!(answer.unwrap(), "receipt");
         assert_eq!(
             round_trips(&replay),
             1,
@@ -141,8 +139,8 @@ async fn a_claim_sent_twice_on_the_wire_is_acquired_both_times() {
     let lease = Duration::from_secs(30);
     let fp = Fingerprint::of(&1u8);
     for send in 1..=2 {
-        let before = command_calls(&mut admin).await;
-        match store.claim(&k, &fp, token, lease).await.unwrap() {
+        let (claim, d) = counted(&mut admin, store.claim(&k, &fp, token, lease)).await;
+        match claim.unwrap() {
             Claim::Acquired {
                 token: acquired,
                 recovered,
@@ -153,7 +151,6 @@ async fn a_claim_sent_twice_on_the_wire_is_acquired_both_times() {
             }
             other => panic!("send {send} of the same claim: {other:?}"),
         }
-        let d = delta(&before, &command_calls(&mut admin).await);
         assert_eq!(d.get("evalsha"), Some(&1), "send {send}: {d:?}");
         let writes = d.get("set").copied().unwrap_or(0);
         assert_eq!(writes, u64::from(send == 1), "send {send}: {d:?}");

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use idem_core::{Error, Fingerprint, Idem, Key, StoreError};
 use idem_stores::{LostRecords, RedisStore};
-use support::redis_server::{admin, command_calls, key, kill_normal_clients, Logged, PrivateRedis};
+use support::redis_server::{admin, counted, key, kill_normal_clients, Logged, PrivateRedis};
 
 /// The store noticed one loss, and one error event names its server: the event's lines.
 fn one_loss_logged(store: &RedisStore, server: &PrivateRedis) -> Vec<String> {
@@ -522,17 +522,15 @@ async fn cost(server: &PrivateRedis, store: &RedisStore, scope: &str) -> HashMap
     let mut admin = admin(&server.url()).await;
     let idem = engine(store, Duration::from_secs(5));
     let runs = AtomicU32::new(0);
-    let before = command_calls(&mut admin).await;
-    for i in 0..20 {
-        let k = key(scope, &format!("k{}", i % 10));
-        call(&idem, &k, &runs, 1).await.unwrap();
-    }
-    let after = command_calls(&mut admin).await;
-    after
-        .iter()
-        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
-        .filter(|(k, v)| *v > 0 && k != "info")
-        .collect()
+    let ((), mut ran) = counted(&mut admin, async {
+        for i in 0..20 {
+            let k = key(scope, &format!("k{}", i % 10));
+            call(&idem, &k, &runs, 1).await.unwrap();
+        }
+    })
+    .await;
+    ran.remove("info");
+    ran
 }
 
 #[tokio::test]

@@ -142,6 +142,17 @@ pub fn delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> Has
         .collect()
 }
 
+/// What `run` answers, and the commands the server ran while it did (a `delta`).
+pub async fn counted<T>(
+    admin: &mut ::redis::aio::MultiplexedConnection,
+    run: impl std::future::Future<Output = T>,
+) -> (T, HashMap<String, u64>) {
+    let before = command_calls(admin).await;
+    let out = run.await;
+    let after = command_calls(admin).await;
+    (out, delta(&before, &after))
+}
+
 /// Round trips in a `delta`: the scripts the store ran, plus any command other than those
 /// the scripts run inside (GET, SET, DEL, TIME) and the INFO that took the snapshot.
 pub fn round_trips(d: &HashMap<String, u64>) -> u64 {
