@@ -20,11 +20,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::testing::{backend_url, unique_scope};
-use idem_core::{Claim, Error, Fingerprint, Idem, InProgress, Record, Store, StoreError, Token};
+use idem_core::{Claim, Error, Fingerprint, Idem, Record, Store, StoreError, Token};
 use idem_stores::RedisStore;
 use support::redis_server::{
     admin, claim_new, complete_new, counted, key, resends_acquire_while_own_tokens_race,
-    round_trips, shared_store, PrivateRedis, URL_VAR,
+    round_trips, shared_store, waiting_engine, PrivateRedis, URL_VAR,
 };
 
 idem_core::conformance_tests!(redis, shared_store());
@@ -175,14 +175,7 @@ async fn many_processes_worth_of_callers_run_the_body_once() {
     let mut engines = Vec::new();
     for _ in 0..4 {
         let store = RedisStore::open(&url).await.unwrap();
-        engines.push(
-            Idem::builder()
-                .store(store)
-                .in_progress(InProgress::Wait)
-                .wait_timeout(Duration::from_secs(20))
-                .build()
-                .unwrap(),
-        );
+        engines.push(waiting_engine(store));
     }
     let runs = Arc::new(AtomicU32::new(0));
     let k = key(&unique_scope("redis-race"), "payment-7");

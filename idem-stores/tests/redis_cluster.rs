@@ -16,11 +16,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::testing::{backend_url, unique_scope};
-use idem_core::{Claim, Error, Fingerprint, Idem, InProgress, Record, Store, Token};
+use idem_core::{Claim, Error, Fingerprint, Record, Store, Token};
 use idem_stores::RedisStore;
 use support::redis_server::{
     admin, claim_new, cluster_nodes as nodes, cluster_store, complete_new, key,
-    resends_acquire_while_own_tokens_race, Logged, CLUSTER_VAR,
+    resends_acquire_while_own_tokens_race, waiting_engine, Logged, CLUSTER_VAR,
 };
 
 idem_core::conformance_tests!(redis_cluster, cluster_store());
@@ -106,14 +106,7 @@ async fn callers_on_several_cluster_connections_run_the_body_once() {
             .open_cluster(nodes(&spec))
             .await
             .unwrap();
-        engines.push(
-            Idem::builder()
-                .store(store)
-                .in_progress(InProgress::Wait)
-                .wait_timeout(Duration::from_secs(20))
-                .build()
-                .unwrap(),
-        );
+        engines.push(waiting_engine(store));
     }
     let scope = unique_scope("cluster-race");
     // Several keys, so that several nodes take part.

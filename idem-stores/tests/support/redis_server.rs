@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use idem_core::testing::backend_url;
-use idem_core::{Claim, Fingerprint, Key, Store, Token};
+use idem_core::{Claim, Fingerprint, Idem, InProgress, Key, Store, Token};
 use idem_stores::RedisStore;
 
 pub const URL_VAR: &str = "IDEM_TEST_REDIS_URL";
@@ -61,6 +61,16 @@ pub async fn complete_new(store: &dyn Store, k: &Key, payload: idem_core::Bytes)
         .complete(k, token, payload, Duration::from_secs(60))
         .await
         .unwrap();
+}
+
+/// An engine on `store` whose callers of a key in progress wait for it (up to 20 s).
+pub fn waiting_engine(store: RedisStore) -> Idem {
+    Idem::builder()
+        .store(store)
+        .in_progress(InProgress::Wait)
+        .wait_timeout(Duration::from_secs(20))
+        .build()
+        .unwrap()
 }
 
 /// Closes every client connection of the server but `admin`'s own (`CLIENT KILL TYPE
