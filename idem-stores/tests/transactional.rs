@@ -32,32 +32,32 @@ macro_rules! transactional_tests {
                 Key::new("consumer.tx", id).unwrap()
             }
 
+            /// Marks `k` processed (no fingerprint, kept a day) in `tx`.
+            async fn mark(
+                f: &super::Fixture<$db>,
+                tx: &mut sqlx::Transaction<'_, $db>,
+                k: &Key,
+            ) -> Origin {
+                f.store
+                    .mark_processed_in(&mut **tx, k, Fingerprint::NONE, DAY)
+                    .await
+                    .unwrap()
+            }
+
             #[tokio::test]
             async fn consumer_tx_commit_is_first_then_duplicate_on_both_paths() {
                 let Some(f) = $fresh.await else { return };
                 let k = key("orders:0:1");
                 let mut tx = f.store.pool().begin().await.unwrap();
-                let first = f
-                    .store
-                    .mark_processed_in(&mut *tx, &k, Fingerprint::NONE, DAY)
-                    .await
-                    .unwrap();
+                let first = mark(&f, &mut tx, &k).await;
                 assert_eq!(first, Origin::Ran);
                 // Within the same transaction the record is already there.
-                let again = f
-                    .store
-                    .mark_processed_in(&mut *tx, &k, Fingerprint::NONE, DAY)
-                    .await
-                    .unwrap();
+                let again = mark(&f, &mut tx, &k).await;
                 assert_eq!(again, Origin::Store);
                 tx.commit().await.unwrap();
 
                 let mut tx = f.store.pool().begin().await.unwrap();
-                let later = f
-                    .store
-                    .mark_processed_in(&mut *tx, &k, Fingerprint::NONE, DAY)
-                    .await
-                    .unwrap();
+                let later = mark(&f, &mut tx, &k).await;
                 assert_eq!(later, Origin::Store);
                 tx.rollback().await.unwrap();
 
@@ -123,11 +123,7 @@ macro_rules! transactional_tests {
                 let Some(f) = $fresh.await else { return };
                 let k = key("orders:0:2");
                 let mut tx = f.store.pool().begin().await.unwrap();
-                let first = f
-                    .store
-                    .mark_processed_in(&mut *tx, &k, Fingerprint::NONE, DAY)
-                    .await
-                    .unwrap();
+                let first = mark(&f, &mut tx, &k).await;
                 assert_eq!(first, Origin::Ran);
                 tx.rollback().await.unwrap();
 
@@ -135,11 +131,7 @@ macro_rules! transactional_tests {
                 assert!(!idem.is_processed(&k).await.unwrap());
                 // The redelivery does the work.
                 let mut tx = f.store.pool().begin().await.unwrap();
-                let redelivered = f
-                    .store
-                    .mark_processed_in(&mut *tx, &k, Fingerprint::NONE, DAY)
-                    .await
-                    .unwrap();
+                let redelivered = mark(&f, &mut tx, &k).await;
                 assert_eq!(redelivered, Origin::Ran);
                 tx.commit().await.unwrap();
                 assert!(idem.is_processed(&k).await.unwrap());
@@ -263,11 +255,7 @@ macro_rules! transactional_tests {
                         let mut conn = f.store.pool().acquire().await.unwrap();
                         barrier.wait().await;
                         let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-                        let d = f
-                            .store
-                            .mark_processed_in(&mut *tx, &k, Fingerprint::NONE, DAY)
-                            .await
-                            .unwrap();
+                        let d = mark(&f, &mut tx, &k).await;
                         if d == Origin::Ran {
                             sqlx::query(&format!(
                                 "INSERT INTO {} (message, body) VALUES ('orders:1:99', 'by {i}')",
