@@ -8,15 +8,7 @@
 
 mod support;
 
-use support::tx::{sqlite, Fixture};
-
-async fn postgres() -> Option<Fixture<sqlx::Postgres>> {
-    support::tx::postgres("idem_tx", "message text PRIMARY KEY").await
-}
-
-async fn mysql() -> Option<Fixture<sqlx::MySql>> {
-    support::tx::mysql("idem_tx").await
-}
+use support::tx::{self, Fixture};
 
 macro_rules! transactional_tests {
     ($backend:ident, $fresh:expr, $db:ty) => {
@@ -427,6 +419,10 @@ macro_rules! transactional_tests {
     };
 }
 
-transactional_tests!(postgres, super::postgres(), sqlx::Postgres);
-transactional_tests!(sqlite, super::sqlite(), sqlx::Sqlite);
-transactional_tests!(mysql, super::mysql(), sqlx::MySql);
+transactional_tests!(
+    postgres,
+    super::tx::postgres("idem_tx", "message text PRIMARY KEY"),
+    sqlx::Postgres
+);
+transactional_tests!(sqlite, super::tx::sqlite(), sqlx::Sqlite);
+transactional_tests!(mysql, super::tx::mysql("idem_tx"), sqlx::MySql);

@@ -3,15 +3,7 @@
 
 mod support;
 
-use support::tx::{sqlite, unique, Fixture};
-
-async fn postgres() -> Option<Fixture<sqlx::Postgres>> {
-    support::tx::postgres("idem_txa", "message text NOT NULL").await
-}
-
-async fn mysql() -> Option<Fixture<sqlx::MySql>> {
-    support::tx::mysql("idem_txa").await
-}
+use support::tx::{self, unique, Fixture};
 
 macro_rules! attacks {
     ($backend:ident, $fresh:expr, $db:ty) => {
@@ -240,6 +232,10 @@ macro_rules! attacks {
     };
 }
 
-attacks!(postgres, super::postgres(), sqlx::Postgres);
-attacks!(sqlite, super::sqlite(), sqlx::Sqlite);
-attacks!(mysql, super::mysql(), sqlx::MySql);
+attacks!(
+    postgres,
+    super::tx::postgres("idem_txa", "message text NOT NULL"),
+    sqlx::Postgres
+);
+attacks!(sqlite, super::tx::sqlite(), sqlx::Sqlite);
+attacks!(mysql, super::tx::mysql("idem_txa"), sqlx::MySql);
