@@ -226,8 +226,8 @@ async fn each_store_s_own_connect_never_shows_a_password() {
 
 /// A connect error through a Unix socket names the socket. A URL without a host connects
 /// to a local socket when sqlx finds one in a default directory (`/var/run/postgresql`,
-/// `/tmp`), else to localhost; sqlx's URL of such options, which the message was once
-/// made of, panics ("generated un-parseable URL: EmptyHost").
+/// `/tmp`), else to localhost; the message is not made of sqlx's URL of such options, which
+/// panics ("generated un-parseable URL: EmptyHost").
 #[cfg(feature = "postgres")]
 #[tokio::test]
 async fn a_postgres_socket_connect_error_is_an_error_not_a_panic() {

@@ -1,6 +1,6 @@
 //! Steps inside one call (`idem::step`), on the memory store: what a body may and may not
 //! do with them, and what the engine does with their records. The same behaviours on every
-//! backend, under crashes and concurrency, are in `idem-integration/tests/steps_every_store.rs`.
+//! backend, under crashes and concurrency, are in `idem-integration/tests/reliability_steps.rs`.
 
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::Arc;

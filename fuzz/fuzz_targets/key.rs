@@ -2,7 +2,7 @@
 //! a key is accepted exactly by DESIGN.md's rules, keeps its parts, shows without control
 //! characters, and two different (scope, id) pairs never share a stored form. The store's
 //! own encoders (Redis record keys, Postgres' NUL escaping) are exercised against live
-//! servers by `idem-stores/tests/reliability_keys.rs`.
+//! servers by `idem-integration/tests/reliability_keys.rs`.
 #![no_main]
 
 use idem::{Error, Key};

@@ -225,28 +225,37 @@ async fn sqlite_get_stats_delete_purge_migrate() {
     sql_store_flow(&url, store, &["--table", "ops_cli"]).await;
 }
 
+/// A Postgres store on `table`, which `idem migrate` created.
+async fn migrated_postgres(url: &str, table: &str) -> idem::stores::PostgresStore {
+    json_ok(&["migrate", url, "--table", table]);
+    idem::stores::PostgresStore::builder()
+        .table(table)
+        .migrate(false)
+        .connect(url)
+        .await
+        .unwrap()
+}
+
+/// Leaves the server as it was: drops `table` and its schema table.
+async fn drop_postgres_tables(url: &str, table: &str) {
+    let pool = sqlx::PgPool::connect(url).await.unwrap();
+    for t in [table.to_string(), format!("{table}_schema")] {
+        sqlx::query(&format!("DROP TABLE IF EXISTS \"{t}\""))
+            .execute(&pool)
+            .await
+            .unwrap();
+    }
+}
+
 #[tokio::test]
 async fn postgres_get_stats_delete_purge_migrate() {
     let Some(url) = backend_url("IDEM_TEST_POSTGRES_URL") else {
         return;
     };
     let table = unique("idem_cli");
-    json_ok(&["migrate", &url, "--table", &table]);
-    let store = idem::stores::PostgresStore::builder()
-        .table(&table)
-        .migrate(false)
-        .connect(&url)
-        .await
-        .unwrap();
+    let store = migrated_postgres(&url, &table).await;
     sql_store_flow(&url, store, &["--table", &table]).await;
-    // Leave the server as it was.
-    let pool = sqlx::PgPool::connect(&url).await.unwrap();
-    for t in [table.clone(), format!("{table}_schema")] {
-        sqlx::query(&format!("DROP TABLE IF EXISTS \"{t}\""))
-            .execute(&pool)
-            .await
-            .unwrap();
-    }
+    drop_postgres_tables(&url, &table).await;
 }
 
 #[tokio::test]
@@ -633,21 +642,9 @@ async fn postgres_steps_and_resolve() {
         return;
     };
     let table = unique("idem_cli_steps");
-    json_ok(&["migrate", &url, "--table", &table]);
-    let store = idem::stores::PostgresStore::builder()
-        .table(&table)
-        .migrate(false)
-        .connect(&url)
-        .await
-        .unwrap();
+    let store = migrated_postgres(&url, &table).await;
     steps_flow(&url, store, &["--table", &table]).await;
-    let pool = sqlx::PgPool::connect(&url).await.unwrap();
-    for t in [table.clone(), format!("{table}_schema")] {
-        sqlx::query(&format!("DROP TABLE IF EXISTS \"{t}\""))
-            .execute(&pool)
-            .await
-            .unwrap();
-    }
+    drop_postgres_tables(&url, &table).await;
 }
 
 #[tokio::test]

@@ -63,6 +63,16 @@ async fn serve(steps: Vec<Step>) -> (Server, Arc<Script>) {
     (Server::start(app).await, script)
 }
 
+/// POSTs the JSON body `1` to `/op` through `fast()`.
+async fn post_one(server: &Server) -> reqwest::Response {
+    fast()
+        .post(server.url("/op"))
+        .json(&1)
+        .send()
+        .await
+        .unwrap()
+}
+
 fn fast() -> IdempotentClient {
     IdempotentClient::new(reqwest::Client::new()).retry_policy(RetryPolicy {
         max_attempts: 4,
@@ -90,12 +100,7 @@ async fn retries_what_the_server_marks_429_and_an_in_progress_409_with_one_uuid_
         (429, vec![]),
     ])
     .await;
-    let res = fast()
-        .post(server.url("/op"))
-        .json(&1)
-        .send()
-        .await
-        .unwrap();
+    let res = post_one(&server).await;
     assert_eq!(res.status(), 201);
     let keys = script.keys.lock().unwrap().clone();
     assert_eq!(keys.len(), 4);
@@ -299,12 +304,7 @@ async fn a_held_key_is_not_retried() {
         )
         .layer(support::open_layer(idem));
     let server = Server::start(app).await;
-    let res = fast()
-        .post(server.url("/op"))
-        .json(&1)
-        .send()
-        .await
-        .unwrap();
+    let res = post_one(&server).await;
     assert_eq!(res.status(), 409);
     assert!(res.headers().get("retry-after").is_none());
     let problem: serde_json::Value = res.json().await.unwrap();

@@ -1,4 +1,4 @@
-//! The layer's defaults keep the engine's promise (issue 19), end to end: a real axum server
+//! The layer's defaults keep the engine's promise, end to end: a real axum server
 //! on 127.0.0.1, a real reqwest client (and `IdempotentClient` where the client matters),
 //! on SQLite always and Postgres and Redis when configured.
 
@@ -21,26 +21,7 @@ fn layer(idem: &idem_core::Idem, test: &str) -> IdempotencyLayer {
     open_layer(idem.clone()).scope(unique_scope(test))
 }
 
-/// Sends `body` with `key` and the given extra headers.
-async fn send(
-    c: &reqwest::Client,
-    url: &str,
-    key: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> reqwest::Response {
-    let mut req = c
-        .post(url)
-        .header("idempotency-key", key)
-        .header("content-type", "application/json")
-        .body(body.to_owned());
-    for (name, value) in headers {
-        req = req.header(*name, *value);
-    }
-    req.send().await.expect("request")
-}
-
-/// Point 1: With the default layer (no `principal`), another client sending the first client's
+/// With the default layer (no `principal`), another client sending the first client's
 /// key and body is a request of its own: it never sees the first one's response, nor learns
 /// with a 422 that the key exists. Each client's own retry still replays.
 async fn a_stored_response_never_reaches_another_client(backend: Backend) {
@@ -105,7 +86,7 @@ async fn charge_account(
     (StatusCode::CREATED, format!("charged account {acct}")).into_response()
 }
 
-/// Point 2: Under `nest`, the fingerprint sees the path the client sent: account 2 with account
+/// Under `nest`, the fingerprint sees the path the client sent: account 2 with account
 /// 1's key is another request (422), never account 1's response. Both with the layer as a
 /// `route_layer` inside the nested router and as a `layer` on it.
 async fn a_replay_is_never_served_for_another_path(backend: Backend) {
@@ -148,7 +129,7 @@ async fn a_replay_is_never_served_for_another_path(backend: Backend) {
     }
 }
 
-/// The routes of point 3: each counts its runs.
+/// The routes of the retry-policy tests: each counts its runs.
 #[derive(Default)]
 struct Effects {
     runs: AtomicUsize,
@@ -200,7 +181,7 @@ fn quick_client() -> IdempotentClient {
     })
 }
 
-/// Point 3: One logical client request runs its side effect at most once: a handler that charges
+/// One logical client request runs its side effect at most once: a handler that charges
 /// and answers 500, or panics, runs once for one `IdempotentClient::send` and for every
 /// retry after it; one that says nothing happened (`RetrySafe`) is retried and runs again.
 async fn one_logical_request_runs_its_side_effect_once(backend: Backend) {
@@ -307,7 +288,7 @@ fn statuses_app(runs: Arc<AtomicUsize>) -> Router {
     app
 }
 
-/// Point 4: 401, 403, 408, 429 and a handler's 409 are not the operation's result: they pass
+/// 401, 403, 408, 429 and a handler's 409 are not the operation's result: they pass
 /// through unstored, and a retry runs again. A stored response keeps `Retry-After` and
 /// `Cache-Control`.
 async fn answers_that_are_not_the_result_are_not_stored(backend: Backend) {
@@ -349,7 +330,7 @@ async fn answers_that_are_not_the_result_are_not_stored(backend: Backend) {
     assert_eq!(replay.headers()["cache-control"], "no-store");
 }
 
-/// Point 6: A JSON body re-encoded on a retry (another member order, spacing) is the same
+/// A JSON body re-encoded on a retry (another member order, spacing) is the same
 /// request; a number written otherwise (`2.0` for `2`, which a `u64` field refuses) is not;
 /// with `BodyFingerprint::Bytes` neither is.
 async fn a_reserialized_json_body_is_the_same_request(backend: Backend) {
@@ -383,7 +364,7 @@ async fn a_reserialized_json_body_is_the_same_request(backend: Backend) {
     assert_eq!(s, 422, "byte-exact on request");
 }
 
-/// Point 9: A response that created or replayed a record says when its key expires.
+/// A response that created or replayed a record says when its key expires.
 async fn the_key_expiry_is_told(backend: Backend) {
     let Some((idem, _, _dir)) = idem_on(backend).await else {
         return;

@@ -37,24 +37,6 @@ fn keyed(idem: &Idem, scope: &str) -> IdempotencyLayer {
         .client_identity(ClientIdentity::credentials().keyed(SECRET))
 }
 
-async fn send(
-    c: &reqwest::Client,
-    url: &str,
-    key: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> reqwest::Response {
-    let mut req = c
-        .post(url)
-        .header("idempotency-key", key)
-        .header("content-type", "application/json")
-        .body(body.to_owned());
-    for (name, value) in headers {
-        req = req.header(*name, *value);
-    }
-    req.send().await.expect("request")
-}
-
 // --- 1. a request whose client the layer cannot tell ---------------------------------------
 
 /// An application that authenticates in a way the default identity does not read (a custom

@@ -1,4 +1,4 @@
-//! Memory stays bounded (issue 19, point 5): a 64 MiB response and a stream that never
+//! Memory stays bounded: a 64 MiB response and a stream that never
 //! ends pass through the layer without being buffered whole, and a retry of either gets a
 //! problem response at once (never a second run, never a 409 for a lease kept alive by the
 //! stream). Its own test binary, with one test, so that the process's peak memory is this

@@ -372,7 +372,7 @@ async fn server_errors_are_stored_unless_turned_off_and_client_errors_skipped_wh
 async fn guarded_methods_are_configurable() {
     let layer = open_layer(memory_idem()).methods([axum::http::Method::PUT]);
     let (app, _) = counted(layer, StatusCode::OK);
-    // POST is no longer guarded: no key needed, runs every time.
+    // POST is not guarded: no key needed, runs every time.
     assert_eq!(
         send(&app, None).await,
         (StatusCode::OK, None, "run 1".into())

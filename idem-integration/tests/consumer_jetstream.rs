@@ -12,31 +12,19 @@
 #[path = "../examples/jetstream_consumer.rs"]
 mod jetstream_consumer;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+mod common;
+
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use async_nats::jetstream;
+use common::run_id;
 use idem::{Idem, MemoryStore};
 use idem_core::testing::backend_url;
 use jetstream_consumer::{
     drained, fresh_stream, publish, publish_plain, pull_consumer, Ended, Order, Worker,
 };
-
-static N: AtomicU64 = AtomicU64::new(0);
-
-/// A name no other run shares.
-fn run_id() -> String {
-    let ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis();
-    format!(
-        "{ms:x}_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
 
 struct Setup {
     js: jetstream::Context,

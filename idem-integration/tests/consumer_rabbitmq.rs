@@ -13,10 +13,13 @@
 #[path = "../examples/consumer/worker.rs"]
 mod worker;
 
+mod common;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+use common::run_id;
 use idem::stores::PostgresStore;
 use idem::Idem;
 use idem_core::testing::backend_url;
@@ -27,20 +30,6 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use worker::{Ended, Faults, Mailer, Stats, Worker};
-
-static N: AtomicU64 = AtomicU64::new(0);
-
-fn run_id() -> String {
-    let ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis();
-    format!(
-        "{ms:x}_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
 
 struct Scenario {
     orders: usize,

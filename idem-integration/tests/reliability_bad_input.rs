@@ -17,7 +17,7 @@ use idem::{Error, Fingerprint, Idem, Key, MemoryStore, Store, Token};
 use proptest::prelude::*;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
-/// The limits DESIGN.md gives a key's parts, in bytes.
+/// The limits `Key::new` puts on a key's parts, in bytes.
 const MAX_SCOPE_LEN: usize = 256;
 const MAX_ID_LEN: usize = 1024;
 
@@ -95,8 +95,8 @@ where
             Err(Error::Decode { key: k, .. }) => assert_eq!(k, key),
             Ok(v) => {
                 // Only a valid envelope decodes: this codec's header, then the payload.
-                // Format 1 (byte 4 = 1) is still read, on purpose: its bytes 7..15 held a
-                // type-name hash that is no longer checked. Format 2 must carry the
+                // Format 1 (byte 4 = 1) is read, on purpose: its bytes 7..15 hold a
+                // type-name hash that is not checked. Format 2 must carry the
                 // reading call's result version (0) there.
                 assert!(bytes.len() >= header.len(), "{bytes:?} decoded to {v:?}");
                 assert_eq!(&bytes[..4], &header[..4], "decoded without the magic");

@@ -19,6 +19,11 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idem::testing::backend_url;
 use idem::{idempotent, Error, Idem, Key};
+use support::redis_server::PrivateRedis;
+
+// The store tests' support (a private `redis-server`), shared with `idem-stores`' own tests.
+#[path = "../../idem-stores/tests/support/mod.rs"]
+mod support;
 
 const SCOPE: &str = "reliability.crash";
 /// The lease of the crashing call: what a successor waits out.
@@ -260,84 +265,6 @@ async fn reliability_crash_redis_result_survives_the_process() {
 
 // --- a Redis server of the test's own, killed and restarted --------------------------------
 
-/// `redis-server` on a spare port, its AOF (fsync on every write) in a temporary directory
-/// that outlives restarts.
-struct OwnRedis {
-    port: u16,
-    dir: tempfile::TempDir,
-    child: Option<Child>,
-}
-
-impl OwnRedis {
-    fn start() -> OwnRedis {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut r = OwnRedis {
-            port,
-            dir: tempfile::tempdir().unwrap(),
-            child: None,
-        };
-        r.spawn();
-        r
-    }
-
-    fn spawn(&mut self) {
-        let child = Command::new("redis-server")
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
-            .args([
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-            ])
-            .args(["--protected-mode", "no"])
-            .arg("--dir")
-            .arg(self.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server is on PATH");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.pings() {
-            assert!(Instant::now() < deadline, "redis-server did not come up");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn pings(&self) -> bool {
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-        let mut buf = [0u8; 7];
-        s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
-    }
-
-    /// SIGKILL: what the server had not written to its AOF is lost.
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            c.kill().unwrap();
-            c.wait().unwrap();
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for OwnRedis {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 /// A result completed before the server was killed is replayed after its restart, by the
 /// same engine (its connection comes back) and by a new process; the body never runs again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -345,7 +272,9 @@ async fn reliability_crash_redis_server_restart_keeps_results() {
     if backend_url("IDEM_TEST_REDIS_URL").is_none() {
         return;
     }
-    let mut server = OwnRedis::start();
+    // Its AOF (fsync on every write) is in a directory that outlives restarts.
+    let mut server = PrivateRedis::start(&["--appendonly", "yes", "--appendfsync", "always"])
+        .expect("IDEM_TEST_REDIS_URL is set");
     let url = server.url();
     let idem = idem::connect(&url).await.unwrap();
     let runs = AtomicU32::new(0);
@@ -363,10 +292,32 @@ async fn reliability_crash_redis_server_restart_keeps_results() {
     assert_eq!(runs.load(Ordering::SeqCst), 20);
     server.spawn();
 
+    same_answers_after_the_restart(&idem, &runs, &ids, &values).await;
+    let (answer, ran) = tokio::task::spawn_blocking({
+        let url = url.clone();
+        move || complete_in_child(&url, "restart-0")
+    })
+    .await
+    .unwrap();
+    assert_eq!(answer, values[0]);
+    assert!(!ran, "a new process ran the body after the restart");
+    let key = Key::new(SCOPE, "restart-0").unwrap();
+    assert!(idem.store().get(&key).await.unwrap().is_some());
+    eprintln!("reliability crash redis-server: 20 results survived SIGKILL and restart");
+}
+
+/// Once the restarted server answers (within 15 s), every id replays its value, and no
+/// body of the 20 ran again.
+async fn same_answers_after_the_restart(
+    idem: &Idem,
+    runs: &AtomicU32,
+    ids: &[String],
+    values: &[String],
+) {
     let deadline = Instant::now() + Duration::from_secs(15);
-    for (id, v) in ids.iter().zip(&values) {
+    for (id, v) in ids.iter().zip(values) {
         let got = loop {
-            match charge(&idem, &runs, id.clone(), false).await {
+            match charge(idem, runs, id.clone(), false).await {
                 Err(Error::Store { .. }) if Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(50)).await
                 }
@@ -381,17 +332,6 @@ async fn reliability_crash_redis_server_restart_keeps_results() {
         20,
         "a body ran again after the restart"
     );
-    let (answer, ran) = tokio::task::spawn_blocking({
-        let url = url.clone();
-        move || complete_in_child(&url, "restart-0")
-    })
-    .await
-    .unwrap();
-    assert_eq!(answer, values[0]);
-    assert!(!ran, "a new process ran the body after the restart");
-    let key = Key::new(SCOPE, "restart-0").unwrap();
-    assert!(idem.store().get(&key).await.unwrap().is_some());
-    eprintln!("reliability crash redis-server: 20 results survived SIGKILL and restart");
 }
 
 // --- a Postgres server of the test's own, crashed and restarted ----------------------------
@@ -561,24 +501,7 @@ async fn server_restart_keeps_results<S: OwnServer>(server: S, label: &str) {
     .await
     .unwrap();
 
-    let deadline = Instant::now() + Duration::from_secs(15);
-    for (id, v) in ids.iter().zip(&values) {
-        let got = loop {
-            match charge(&idem, &runs, id.clone(), false).await {
-                Err(Error::Store { .. }) if Instant::now() < deadline => {
-                    tokio::time::sleep(Duration::from_millis(50)).await
-                }
-                other => break other,
-            }
-        };
-        let got = got.unwrap_or_else(|e| panic!("{id} after the restart: {e:?}"));
-        assert_eq!(&got, v, "{id} after the restart");
-    }
-    assert_eq!(
-        runs.load(Ordering::SeqCst),
-        20,
-        "a body ran again after the restart"
-    );
+    same_answers_after_the_restart(&idem, &runs, &ids, &values).await;
     let first = ids[0].clone();
     let (answer, ran) = tokio::task::spawn_blocking({
         let url = url.clone();

@@ -6,7 +6,7 @@
 //! A child process (this test binary started again with `IDEM_AMO_URL` set: the test
 //! `at_most_once_crash_child`) sends two emails, each in a step of its own call, records
 //! each send in a file, says so, and hangs inside the step; the parent kills it there.
-//! Servers come from `IDEM_TEST_*` as in `steps_every_store.rs`.
+//! Servers come from `IDEM_TEST_*` as in `reliability_steps.rs`.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};

@@ -194,7 +194,7 @@ async fn a_claim_chosen_as_a_deadlock_victim_is_claimed_again() {
 }
 
 /// `GET_LOCK` answers 0 when its timeout runs out: migrate then fails, saying another
-/// connection holds the lock, and creates nothing (it used to go on unlocked).
+/// connection holds the lock, and creates nothing (it never goes on unlocked).
 #[tokio::test]
 async fn migrate_fails_when_another_connection_holds_its_lock() {
     let Some(url) = url() else { return };

@@ -283,8 +283,8 @@ async fn a_server_that_is_down_is_a_store_error_and_the_body_does_not_run() {
     );
 }
 
-/// Claims bring their own token, so `migrate` no longer creates a token sequence; one that
-/// an earlier build created is left alone, and the table works with or without it.
+/// Claims bring their own token, so `migrate` creates no token sequence; one that an
+/// earlier build created is left alone, and the table works with or without it.
 #[tokio::test]
 async fn migrate_creates_no_token_sequence_and_leaves_an_old_one_alone() {
     let Some(url) = url() else { return };

@@ -15,57 +15,19 @@
 
 mod support;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::testing::{backend_url, unique_scope};
-use idem_core::{Claim, Error, Fingerprint, Idem, InProgress, Record, Store, StoreError, Token};
+use idem_core::{Claim, Error, Fingerprint, Idem, Record, Store, StoreError, Token};
 use idem_stores::RedisStore;
-use support::redis_server::{admin, key, shared_store, PrivateRedis, URL_VAR};
+use support::redis_server::{
+    admin, claim_new, complete_new, counted, key, resends_acquire_while_own_tokens_race,
+    round_trips, shared_store, waiting_engine, PrivateRedis, URL_VAR,
+};
 
 idem_core::conformance_tests!(redis, shared_store());
-
-/// `INFO commandstats` as command -> calls.
-async fn command_calls(conn: &mut ::redis::aio::MultiplexedConnection) -> HashMap<String, u64> {
-    let info: String = ::redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|l| l.strip_prefix("cmdstat_"))
-        .filter_map(|l| {
-            let (name, rest) = l.split_once(':')?;
-            let calls = rest
-                .split(',')
-                .find_map(|f| f.strip_prefix("calls="))?
-                .parse()
-                .ok()?;
-            Some((name.to_string(), calls))
-        })
-        .collect()
-}
-
-fn delta(before: &HashMap<String, u64>, after: &HashMap<String, u64>) -> HashMap<String, u64> {
-    after
-        .iter()
-        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
-        .filter(|(_, v)| *v > 0)
-        .collect()
-}
-
-/// Round trips the store made between two snapshots: the scripts it ran, plus any command
-/// other than those the scripts run inside (GET, SET, DEL, TIME) and the INFO that took the
-/// snapshot. That no client-side GET hides among the scripts' own is checked by the
-/// callers: each script does exactly one GET, and a claim that writes one more (the epoch).
-fn round_trips(d: &HashMap<String, u64>) -> u64 {
-    d.iter()
-        .filter(|(k, _)| !matches!(k.as_str(), "get" | "set" | "del" | "time" | "info"))
-        .map(|(_, v)| v)
-        .sum()
-}
 
 #[tokio::test]
 async fn round_trips_first_call_two_replay_one() {
@@ -90,9 +52,8 @@ async fn round_trips_first_call_two_replay_one() {
         })
     };
 
-    let before = command_calls(&mut admin).await;
-    assert_eq!(call().await.unwrap(), "receipt");
-    let first = delta(&before, &command_calls(&mut admin).await);
+    let (answer, first) = counted(&mut admin, call()).await;
+    assert_eq!(answer.unwrap(), "receipt");
     assert_eq!(
         round_trips(&first),
         2,
@@ -107,9 +68,8 @@ async fn round_trips_first_call_two_replay_one() {
     );
 
     for _ in 0..3 {
-        let before = command_calls(&mut admin).await;
-        assert_eq!(call().await.unwrap(), "receipt");
-        let replay = delta(&before, &command_calls(&mut admin).await);
+        let (answer, replay) = counted(&mut admin, call()).await;
+        assert_eq!(answer.unwrap(), "receipt");
         assert_eq!(
             round_trips(&replay),
             1,
@@ -179,8 +139,8 @@ async fn a_claim_sent_twice_on_the_wire_is_acquired_both_times() {
     let lease = Duration::from_secs(30);
     let fp = Fingerprint::of(&1u8);
     for send in 1..=2 {
-        let before = command_calls(&mut admin).await;
-        match store.claim(&k, &fp, token, lease).await.unwrap() {
+        let (claim, d) = counted(&mut admin, store.claim(&k, &fp, token, lease)).await;
+        match claim.unwrap() {
             Claim::Acquired {
                 token: acquired,
                 recovered,
@@ -191,7 +151,6 @@ async fn a_claim_sent_twice_on_the_wire_is_acquired_both_times() {
             }
             other => panic!("send {send} of the same claim: {other:?}"),
         }
-        let d = delta(&before, &command_calls(&mut admin).await);
         assert_eq!(d.get("evalsha"), Some(&1), "send {send}: {d:?}");
         let writes = d.get("set").copied().unwrap_or(0);
         assert_eq!(writes, u64::from(send == 1), "send {send}: {d:?}");
@@ -202,32 +161,7 @@ async fn a_claim_sent_twice_on_the_wire_is_acquired_both_times() {
     ));
 
     let (resent, raced) = (key("resent", "concurrent"), key("resent", "raced"));
-    let shared = Token::random();
-    let barrier = Arc::new(tokio::sync::Barrier::new(40));
-    let tasks: Vec<_> = (0..40)
-        .map(|i| {
-            let (store, barrier) = (store.clone(), barrier.clone());
-            let (k, t) = if i % 2 == 0 {
-                (resent.clone(), shared)
-            } else {
-                (raced.clone(), Token::random())
-            };
-            tokio::spawn(async move {
-                barrier.wait().await;
-                (i % 2, store.claim(&k, &fp, t, lease).await.unwrap())
-            })
-        })
-        .collect();
-    let mut acquired = [0, 0];
-    for task in tasks {
-        let (which, claim) = task.await.unwrap();
-        match claim {
-            Claim::Acquired { .. } => acquired[which] += 1,
-            Claim::InProgress { .. } => {}
-            other => panic!("{other:?}"),
-        }
-    }
-    assert_eq!(acquired, [20, 1], "[resends of one token, own tokens]");
+    resends_acquire_while_own_tokens_race(&store, resent, raced, fp, lease).await;
 }
 
 // --- concurrency ----------------------------------------------------------------------
@@ -241,14 +175,7 @@ async fn many_processes_worth_of_callers_run_the_body_once() {
     let mut engines = Vec::new();
     for _ in 0..4 {
         let store = RedisStore::open(&url).await.unwrap();
-        engines.push(
-            Idem::builder()
-                .store(store)
-                .in_progress(InProgress::Wait)
-                .wait_timeout(Duration::from_secs(20))
-                .build()
-                .unwrap(),
-        );
+        engines.push(waiting_engine(store));
     }
     let runs = Arc::new(AtomicU32::new(0));
     let k = key(&unique_scope("redis-race"), "payment-7");
@@ -630,29 +557,7 @@ async fn special_keys_stay_on_their_own_redis_keys() {
             "an id formed a hash tag: {rk:?}"
         );
         assert!(redis_keys.insert(rk.clone()), "two ids share {rk:?}");
-        match store
-            .claim(
-                &k,
-                &Fingerprint::NONE,
-                Token::random(),
-                Duration::from_secs(30),
-            )
-            .await
-            .unwrap()
-        {
-            Claim::Acquired { token, .. } => {
-                store
-                    .complete(
-                        &k,
-                        token,
-                        idem_core::Bytes::from(id.to_string()),
-                        Duration::from_secs(60),
-                    )
-                    .await
-                    .unwrap();
-            }
-            other => panic!("{id:?}: {other:?}"),
-        }
+        complete_new(&store, &k, idem_core::Bytes::from(id.to_string())).await;
         let exists: bool = ::redis::cmd("EXISTS")
             .arg(&rk)
             .query_async(&mut admin)
@@ -686,27 +591,7 @@ async fn prefixes_keep_stores_apart() {
         .unwrap();
     assert_eq!(a.prefix(), "idem-test-a:");
     let k = key(&unique_scope("redis-prefix"), "k");
-    assert!(matches!(
-        a.claim(
-            &k,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_secs(30)
-        )
-        .await
-        .unwrap(),
-        Claim::Acquired { .. }
-    ));
-    assert!(matches!(
-        b.claim(
-            &k,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_secs(30)
-        )
-        .await
-        .unwrap(),
-        Claim::Acquired { .. }
-    ));
+    assert!(matches!(claim_new(&a, &k).await, Claim::Acquired { .. }));
+    assert!(matches!(claim_new(&b, &k).await, Claim::Acquired { .. }));
     assert!(a.record_key(&k).starts_with("idem-test-a:"));
 }

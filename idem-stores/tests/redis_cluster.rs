@@ -8,42 +8,20 @@
 //! ```
 #![cfg(feature = "redis-cluster")]
 
+mod support;
+
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use idem_core::testing::{backend_url, unique_scope};
-use idem_core::{Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, Token};
+use idem_core::{Claim, Error, Fingerprint, Record, Store, Token};
 use idem_stores::RedisStore;
-
-const CLUSTER_VAR: &str = "IDEM_TEST_REDIS_CLUSTER";
-
-/// The node URLs in `IDEM_TEST_REDIS_CLUSTER`, whichever form it has.
-fn nodes(spec: &str) -> Vec<String> {
-    let list = spec.strip_prefix("redis+cluster://").unwrap_or(spec);
-    list.split(',')
-        .map(str::trim)
-        .filter(|n| !n.is_empty())
-        .map(|n| {
-            if n.contains("://") {
-                n.to_string()
-            } else {
-                format!("redis://{n}")
-            }
-        })
-        .collect()
-}
-
-async fn cluster_store() -> Option<RedisStore> {
-    let spec = backend_url(CLUSTER_VAR)?;
-    Some(
-        RedisStore::builder()
-            .open_cluster(nodes(&spec))
-            .await
-            .expect("connect to IDEM_TEST_REDIS_CLUSTER"),
-    )
-}
+use support::redis_server::{
+    admin, claim_new, cluster_nodes as nodes, cluster_store, complete_new, key,
+    resends_acquire_while_own_tokens_race, waiting_engine, Logged, CLUSTER_VAR,
+};
 
 idem_core::conformance_tests!(redis_cluster, cluster_store());
 
@@ -53,10 +31,6 @@ async fn cluster_connection(spec: &str) -> ::redis::cluster_async::ClusterConnec
         .get_async_connection()
         .await
         .expect("cluster connection")
-}
-
-fn key(scope: &str, id: &str) -> Key {
-    Key::new(scope, id).unwrap()
 }
 
 #[tokio::test]
@@ -75,28 +49,13 @@ async fn cluster_url_connect_and_an_existing_connection() {
     let by_url = idem_stores::connect(&url).await.unwrap();
     let k = key(&unique_scope("cluster-connect"), "k");
     assert!(matches!(
-        by_url
-            .claim(
-                &k,
-                &Fingerprint::NONE,
-                Token::random(),
-                Duration::from_secs(30)
-            )
-            .await
-            .unwrap(),
+        claim_new(&by_url, &k).await,
         Claim::Acquired { .. }
     ));
     let mine = RedisStore::from_cluster_connection(cluster_connection(&spec).await).await;
     assert!(format!("{mine:?}").contains("cluster"));
     assert!(matches!(
-        mine.claim(
-            &k,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_secs(30)
-        )
-        .await
-        .unwrap(),
+        claim_new(&mine, &k).await,
         Claim::InProgress { .. }
     ));
 }
@@ -122,27 +81,7 @@ async fn hash_tags_in_ids_do_not_pin_records_to_one_slot() {
             .await
             .unwrap();
         slots.insert(slot);
-        let Claim::Acquired { token, .. } = store
-            .claim(
-                &k,
-                &Fingerprint::NONE,
-                Token::random(),
-                Duration::from_secs(30),
-            )
-            .await
-            .unwrap()
-        else {
-            panic!("fresh key not acquired");
-        };
-        store
-            .complete(
-                &k,
-                token,
-                idem_core::Bytes::from(i.to_string()),
-                Duration::from_secs(60),
-            )
-            .await
-            .unwrap();
+        complete_new(&store, &k, idem_core::Bytes::from(i.to_string())).await;
     }
     assert!(slots.len() > 12, "records piled onto {} slots", slots.len());
     for i in 0..24 {
@@ -167,14 +106,7 @@ async fn callers_on_several_cluster_connections_run_the_body_once() {
             .open_cluster(nodes(&spec))
             .await
             .unwrap();
-        engines.push(
-            Idem::builder()
-                .store(store)
-                .in_progress(InProgress::Wait)
-                .wait_timeout(Duration::from_secs(20))
-                .build()
-                .unwrap(),
-        );
+        engines.push(waiting_engine(store));
     }
     let scope = unique_scope("cluster-race");
     // Several keys, so that several nodes take part.
@@ -243,78 +175,7 @@ async fn a_claim_sent_twice_on_the_wire_is_acquired_both_times() {
     }
 
     let (resent, raced) = (key(&scope, "concurrent"), key(&scope, "raced"));
-    let shared = Token::random();
-    let barrier = Arc::new(tokio::sync::Barrier::new(40));
-    let tasks: Vec<_> = (0..40)
-        .map(|i| {
-            let (store, barrier) = (store.clone(), barrier.clone());
-            let (k, t) = if i % 2 == 0 {
-                (resent.clone(), shared)
-            } else {
-                (raced.clone(), Token::random())
-            };
-            tokio::spawn(async move {
-                barrier.wait().await;
-                (
-                    i % 2,
-                    store.claim(&k, &Fingerprint::NONE, t, lease).await.unwrap(),
-                )
-            })
-        })
-        .collect();
-    let mut acquired = [0, 0];
-    for task in tasks {
-        let (which, claim) = task.await.unwrap();
-        match claim {
-            Claim::Acquired { .. } => acquired[which] += 1,
-            Claim::InProgress { .. } => {}
-            other => panic!("{other:?}"),
-        }
-    }
-    assert_eq!(acquired, [20, 1], "[resends of one token, own tokens]");
-}
-
-/// Collects the text of every warning from every thread. It is the process's global
-/// subscriber: a thread-local one (`set_default`) loses events when a sibling test thread,
-/// with no subscriber, reaches the warning's callsite first and tracing caches its interest
-/// as "never" for the whole process.
-#[derive(Clone, Default)]
-struct Warnings(Arc<Mutex<Vec<String>>>);
-
-impl Warnings {
-    fn global() -> &'static Warnings {
-        static GLOBAL: std::sync::OnceLock<Warnings> = std::sync::OnceLock::new();
-        GLOBAL.get_or_init(|| {
-            let w = Warnings::default();
-            tracing::subscriber::set_global_default(w.clone())
-                .expect("no other global subscriber in this test binary");
-            w
-        })
-    }
-}
-
-impl tracing::Subscriber for Warnings {
-    fn enabled(&self, meta: &tracing::Metadata<'_>) -> bool {
-        *meta.level() <= tracing::Level::WARN
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        struct Text(String);
-        impl tracing::field::Visit for Text {
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                self.0.push_str(&format!("{}={:?} ", field.name(), value));
-            }
-        }
-        let mut text = Text(String::new());
-        event.record(&mut text);
-        self.0.lock().unwrap().push(text.0);
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
+    resends_acquire_while_own_tokens_race(&store, resent, raced, Fingerprint::NONE, lease).await;
 }
 
 /// The eviction check reads every primary's `INFO memory` (the cluster client answers with
@@ -324,21 +185,17 @@ async fn a_node_that_can_evict_is_named_at_connect() {
     let Some(spec) = backend_url(CLUSTER_VAR) else {
         return;
     };
-    let warnings = Warnings::global();
+    let warnings = Logged::global();
     let node = nodes(&spec)[0].clone();
     let port = node.rsplit(':').next().unwrap().to_string();
-    let mut one = ::redis::Client::open(node.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut one = admin(&node).await;
     let set_policy = |policy: &'static str| {
         let mut cmd = ::redis::cmd("CONFIG");
         cmd.arg("SET").arg("maxmemory-policy").arg(policy);
         cmd
     };
     let names_the_node = |w: &String| w.contains("volatile-ttl") && w.contains(&port);
-    let before = warnings.0.lock().unwrap().len();
+    let before = warnings.len();
     // maxmemory stays 0, so nothing is evicted while the policy reads volatile-ttl. Other
     // tests connecting meanwhile may warn too; this test looks for a warning after its own
     // connect that names the node and the policy.
@@ -347,7 +204,7 @@ async fn a_node_that_can_evict_is_named_at_connect() {
         .await
         .unwrap();
     let connected = RedisStore::builder().open_cluster(nodes(&spec)).await;
-    let seen: Vec<String> = warnings.0.lock().unwrap()[before..].to_vec();
+    let seen: Vec<String> = warnings.lines()[before..].to_vec();
     let () = set_policy("noeviction")
         .query_async(&mut one)
         .await

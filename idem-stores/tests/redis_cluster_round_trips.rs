@@ -10,89 +10,56 @@
 //! ```
 #![cfg(feature = "redis-cluster")]
 
+mod support;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-
 use std::time::Duration;
 
 use idem_core::testing::{backend_url, unique_scope};
 use idem_core::{Error, Fingerprint, Idem, Key, Store, StoreError};
 use idem_stores::RedisStore;
+use support::redis_server::{
+    admin, cluster_nodes as nodes, command_calls as node_command_calls, delta,
+    round_trips as client_commands, CLUSTER_VAR,
+};
 
 /// Held by each test while it counts commands.
 static COUNTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-fn nodes(spec: &str) -> Vec<String> {
-    spec.strip_prefix("redis+cluster://")
-        .unwrap_or(spec)
-        .split(',')
-        .map(str::trim)
-        .filter(|n| !n.is_empty())
-        .map(|n| {
-            if n.contains("://") {
-                n.to_string()
-            } else {
-                format!("redis://{n}")
-            }
-        })
-        .collect()
+/// A plain connection to each node.
+async fn admins(nodes: &[String]) -> Vec<::redis::aio::MultiplexedConnection> {
+    let mut admins = Vec::new();
+    for node in nodes {
+        admins.push(admin(node).await);
+    }
+    admins
 }
 
 /// `INFO commandstats` of every node, summed: command -> calls.
 async fn command_calls(nodes: &mut [::redis::aio::MultiplexedConnection]) -> HashMap<String, u64> {
     let mut calls = HashMap::new();
     for conn in nodes {
-        for (name, n) in node_calls(conn).await {
+        for (name, n) in node_command_calls(conn).await {
             *calls.entry(name).or_insert(0) += n;
         }
     }
     calls
 }
 
-/// `INFO commandstats` of one node: command -> calls.
-async fn node_calls(conn: &mut ::redis::aio::MultiplexedConnection) -> HashMap<String, u64> {
-    let mut calls = HashMap::new();
-    let info: String = ::redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    for line in info.lines().filter_map(|l| l.strip_prefix("cmdstat_")) {
-        let Some((name, rest)) = line.split_once(':') else {
-            continue;
-        };
-        let n: u64 = rest
-            .split(',')
-            .find_map(|f| f.strip_prefix("calls="))
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0);
-        *calls.entry(name.to_string()).or_insert(0) += n;
-    }
-    calls
-}
-
-/// Commands sent by clients between two snapshots: everything but what the scripts run
-/// inside (GET, SET, DEL, TIME) and the INFOs of the snapshots.
+/// Commands sent by clients between two snapshots (everything but what the scripts run
+/// inside and the INFOs of the snapshots), and every command that ran.
 fn round_trips(
     before: &HashMap<String, u64>,
     after: &HashMap<String, u64>,
 ) -> (u64, HashMap<String, u64>) {
-    let delta: HashMap<String, u64> = after
-        .iter()
-        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
-        .filter(|(_, v)| *v > 0)
-        .collect();
-    let trips = delta
-        .iter()
-        .filter(|(k, _)| !matches!(k.as_str(), "get" | "set" | "del" | "time" | "info"))
-        .map(|(_, v)| v)
-        .sum();
-    (trips, delta)
+    let delta = delta(before, after);
+    (client_commands(&delta), delta)
 }
 
 #[tokio::test]
 async fn cluster_first_call_two_round_trips_replay_one() {
-    let Some(spec) = backend_url("IDEM_TEST_REDIS_CLUSTER") else {
+    let Some(spec) = backend_url(CLUSTER_VAR) else {
         return;
     };
     let _counting = COUNTING.lock().await;
@@ -105,16 +72,7 @@ async fn cluster_first_call_two_round_trips_replay_one() {
             .await
             .unwrap(),
     );
-    let mut admins = Vec::new();
-    for node in &nodes {
-        admins.push(
-            ::redis::Client::open(node.as_str())
-                .unwrap()
-                .get_multiplexed_async_connection()
-                .await
-                .unwrap(),
-        );
-    }
+    let mut admins = admins(&nodes).await;
     let scope = unique_scope("cluster-round-trips");
     let runs = AtomicU32::new(0);
     // Several keys, so that the count holds on whichever node each one lives.
@@ -154,7 +112,7 @@ async fn cluster_first_call_two_round_trips_replay_one() {
 /// a second `EVALSHA` on the same node) and its body never runs.
 #[tokio::test]
 async fn cluster_durable_claim_waits_on_its_keys_primary_alone() {
-    let Some(spec) = backend_url("IDEM_TEST_REDIS_CLUSTER") else {
+    let Some(spec) = backend_url(CLUSTER_VAR) else {
         return;
     };
     let _counting = COUNTING.lock().await;
@@ -165,16 +123,7 @@ async fn cluster_durable_claim_waits_on_its_keys_primary_alone() {
         .await
         .unwrap();
     let idem = Idem::new(store.with_replicas(1, Duration::from_millis(20)));
-    let mut admins = Vec::new();
-    for node in &nodes {
-        admins.push(
-            ::redis::Client::open(node.as_str())
-                .unwrap()
-                .get_multiplexed_async_connection()
-                .await
-                .unwrap(),
-        );
-    }
+    let mut admins = admins(&nodes).await;
     let scope = unique_scope("cluster-durable");
     let runs = AtomicU32::new(0);
     let mut nodes_seen = std::collections::HashSet::new();
@@ -182,7 +131,7 @@ async fn cluster_durable_claim_waits_on_its_keys_primary_alone() {
         let k = Key::new(&scope, id.to_string()).unwrap();
         let mut before = Vec::new();
         for admin in &mut admins {
-            before.push(node_calls(admin).await);
+            before.push(node_command_calls(admin).await);
         }
         let err = idem
             .call(k.clone(), Fingerprint::NONE)
@@ -207,7 +156,7 @@ async fn cluster_durable_claim_waits_on_its_keys_primary_alone() {
         }
         let mut waits = Vec::new();
         for (n, admin) in admins.iter_mut().enumerate() {
-            let (_, delta) = round_trips(&before[n], &node_calls(admin).await);
+            let (_, delta) = round_trips(&before[n], &node_command_calls(admin).await);
             waits.push((
                 n,
                 delta.get("wait").copied().unwrap_or(0),

@@ -14,68 +14,19 @@ mod support;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idem_core::{Error, Fingerprint, Idem, Key, StoreError};
 use idem_stores::{LostRecords, RedisStore};
-use support::redis_server::{admin, key, PrivateRedis};
+use support::redis_server::{admin, counted, key, kill_normal_clients, Logged, PrivateRedis};
 
-/// Every `idem` warning and error of the process, as `LEVEL field=value ...` lines. Global:
-/// a thread-local subscriber loses events once a sibling test thread without one reached
-/// the callsite first (tracing caches interest process-wide). Tests tell theirs apart by
-/// their server's port, which the events name.
-#[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<String>>>);
-
-impl Events {
-    fn global() -> &'static Events {
-        static GLOBAL: OnceLock<Events> = OnceLock::new();
-        GLOBAL.get_or_init(|| {
-            let events = Events::default();
-            tracing::subscriber::set_global_default(events.clone())
-                .expect("no other global subscriber in this test binary");
-            events
-        })
-    }
-
-    /// The events at `level` that mention `server`.
-    fn of(&self, level: tracing::Level, server: &PrivateRedis) -> Vec<String> {
-        let port = format!("127.0.0.1:{}", server.port());
-        let level = format!("{level} ");
-        let all = self.0.lock().unwrap();
-        all.iter()
-            .filter(|e| e.starts_with(&level) && e.contains(&port))
-            .cloned()
-            .collect()
-    }
-}
-
-impl tracing::Subscriber for Events {
-    fn enabled(&self, meta: &tracing::Metadata<'_>) -> bool {
-        *meta.level() <= tracing::Level::WARN && meta.target() == "idem"
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        struct Text(String);
-        impl tracing::field::Visit for Text {
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                self.0.push_str(&format!("{}={:?} ", field.name(), value));
-            }
-            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-                self.0.push_str(&format!("{}={} ", field.name(), value));
-            }
-        }
-        let mut text = Text(format!("{} ", event.metadata().level()));
-        event.record(&mut text);
-        self.0.lock().unwrap().push(text.0);
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
+/// The store noticed one loss, and one error event names its server: the event's lines.
+fn one_loss_logged(store: &RedisStore, server: &PrivateRedis) -> Vec<String> {
+    assert_eq!(store.lost_records_noticed(), 1);
+    let errors = Logged::global().of(tracing::Level::ERROR, server.port());
+    assert_eq!(errors.len(), 1, "one loss, one event: {errors:?}");
+    errors
 }
 
 /// A call of `key` whose body counts its runs and answers `value`.
@@ -86,6 +37,22 @@ async fn call(idem: &Idem, key: &Key, runs: &AtomicU32, value: u32) -> Result<u3
             value
         })
         .await
+}
+
+/// A store on `server` that reads its epoch at most every `interval`, under `policy` (the
+/// default's when `None`), and an engine on it with a 5 s lease.
+async fn store_and_engine(
+    server: &PrivateRedis,
+    interval: Duration,
+    policy: Option<LostRecords>,
+) -> (RedisStore, Idem) {
+    let mut builder = RedisStore::builder().epoch_check_interval(interval);
+    if let Some(policy) = policy {
+        builder = builder.on_lost_records(policy);
+    }
+    let store = builder.open(&server.url()).await.unwrap();
+    let idem = engine(&store, Duration::from_secs(5));
+    (store, idem)
 }
 
 fn engine(store: &RedisStore, lease: Duration) -> Idem {
@@ -120,7 +87,7 @@ async fn a_restart_is_noticed_after_the_failed_step_and_claims_without_a_record_
     let Some(mut server) = PrivateRedis::start(&[]) else {
         return;
     };
-    let events = Events::global();
+    let events = Logged::global();
     // No interval check in this test's time: only the failed step makes the store look.
     let store = RedisStore::builder()
         .connect_timeout(Duration::from_secs(1))
@@ -165,9 +132,7 @@ async fn a_restart_is_noticed_after_the_failed_step_and_claims_without_a_record_
     };
     assert!(retry_after.is_some(), "the default kind of window ends");
     assert_eq!(runs.load(Ordering::SeqCst), 5, "no body ran again yet");
-    assert_eq!(store.lost_records_noticed(), 1);
-    let errors = events.of(tracing::Level::ERROR, &server);
-    assert_eq!(errors.len(), 1, "{errors:?}");
+    let errors = one_loss_logged(&store, &server);
     assert!(
         errors[0].contains("lost idem's records") && errors[0].contains("runs its body again"),
         "{errors:?}"
@@ -194,7 +159,7 @@ async fn a_restart_is_noticed_after_the_failed_step_and_claims_without_a_record_
     );
     assert!(
         events
-            .of(tracing::Level::WARN, &server)
+            .of(tracing::Level::WARN, server.port())
             .iter()
             .any(|w| w.contains("go on")),
         "the end of the window is logged"
@@ -207,7 +172,7 @@ async fn a_flush_is_noticed_by_every_store_under_the_prefix_and_warn_only_goes_o
     let Some(server) = PrivateRedis::start(&[]) else {
         return;
     };
-    let events = Events::global();
+    let events = Logged::global();
     let url = server.url();
     let open = || {
         RedisStore::builder()
@@ -236,7 +201,7 @@ async fn a_flush_is_noticed_by_every_store_under_the_prefix_and_warn_only_goes_o
     assert_eq!(call(&ib, &k, &runs, 4).await.unwrap(), 3);
     assert_eq!(b.lost_records_noticed(), 1);
     assert_eq!(runs.load(Ordering::SeqCst), 2);
-    let errors = events.of(tracing::Level::ERROR, &server);
+    let errors = events.of(tracing::Level::ERROR, server.port());
     assert_eq!(errors.len(), 2, "{errors:?}");
     assert!(errors.iter().any(|e| e.contains("found_epoch=none")));
     assert!(errors.iter().all(|e| e.contains("epoch_key=idem:epoch")));
@@ -316,13 +281,8 @@ async fn a_flush_is_seen_by_the_next_claim_and_no_completed_key_runs_again() {
     let Some(server) = PrivateRedis::start(&[]) else {
         return;
     };
-    let events = Events::global();
-    let store = RedisStore::builder()
-        .epoch_check_interval(Duration::from_secs(3600))
-        .open(&server.url())
-        .await
-        .unwrap();
-    let idem = engine(&store, Duration::from_secs(5));
+    Logged::global(); // listening before anything logs
+    let (store, idem) = store_and_engine(&server, Duration::from_secs(3600), None).await;
     let runs = AtomicU32::new(0);
     let keys: Vec<Key> = (0..20)
         .map(|i| key("epoch-claim", &format!("k{i}")))
@@ -353,9 +313,7 @@ async fn a_flush_is_seen_by_the_next_claim_and_no_completed_key_runs_again() {
         20,
         "no body ran after the flush"
     );
-    assert_eq!(store.lost_records_noticed(), 1);
-    let errors = events.of(tracing::Level::ERROR, &server);
-    assert_eq!(errors.len(), 1, "one loss, one event: {errors:?}");
+    let errors = one_loss_logged(&store, &server);
     assert!(errors[0].contains("found_epoch=none"), "{errors:?}");
 }
 
@@ -367,13 +325,8 @@ async fn concurrent_claims_that_see_a_flush_notice_it_once_and_all_fail_closed()
     let Some(server) = PrivateRedis::start(&[]) else {
         return;
     };
-    let events = Events::global();
-    let store = RedisStore::builder()
-        .epoch_check_interval(Duration::from_secs(3600))
-        .open(&server.url())
-        .await
-        .unwrap();
-    let idem = engine(&store, Duration::from_secs(5));
+    Logged::global(); // listening before anything logs
+    let (store, idem) = store_and_engine(&server, Duration::from_secs(3600), None).await;
     let runs = Arc::new(AtomicU32::new(0));
     let keys: Vec<Key> = (0..20)
         .map(|i| key("epoch-claim-race", &format!("k{i}")))
@@ -402,9 +355,7 @@ async fn concurrent_claims_that_see_a_flush_notice_it_once_and_all_fail_closed()
         20,
         "no body ran after the flush"
     );
-    assert_eq!(store.lost_records_noticed(), 1);
-    let errors = events.of(tracing::Level::ERROR, &server);
-    assert_eq!(errors.len(), 1, "one loss, one event: {errors:?}");
+    one_loss_logged(&store, &server);
 }
 
 /// With `Warn`, the loss the claim script sees is logged as any other, and the claim goes
@@ -414,14 +365,9 @@ async fn a_flush_seen_by_a_claim_under_warn_is_logged_and_the_claim_goes_on() {
     let Some(server) = PrivateRedis::start(&[]) else {
         return;
     };
-    let events = Events::global();
-    let store = RedisStore::builder()
-        .epoch_check_interval(Duration::from_secs(3600))
-        .on_lost_records(LostRecords::Warn)
-        .open(&server.url())
-        .await
-        .unwrap();
-    let idem = engine(&store, Duration::from_secs(5));
+    Logged::global(); // listening before anything logs
+    let (store, idem) =
+        store_and_engine(&server, Duration::from_secs(3600), Some(LostRecords::Warn)).await;
     let runs = AtomicU32::new(0);
     let k = key("epoch-claim-warn", "k");
     assert_eq!(call(&idem, &k, &runs, 1).await.unwrap(), 1);
@@ -429,9 +375,7 @@ async fn a_flush_seen_by_a_claim_under_warn_is_logged_and_the_claim_goes_on() {
     assert_eq!(call(&idem, &k, &runs, 2).await.unwrap(), 2);
     assert_eq!(call(&idem, &k, &runs, 3).await.unwrap(), 2, "a replay");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
-    assert_eq!(store.lost_records_noticed(), 1);
-    let errors = events.of(tracing::Level::ERROR, &server);
-    assert_eq!(errors.len(), 1, "{errors:?}");
+    one_loss_logged(&store, &server);
 }
 
 #[tokio::test]
@@ -440,12 +384,7 @@ async fn a_flush_between_two_steps_is_noticed_once_the_interval_passed() {
         return;
     };
     let interval = Duration::from_millis(200);
-    let store = RedisStore::builder()
-        .epoch_check_interval(interval)
-        .open(&server.url())
-        .await
-        .unwrap();
-    let idem = engine(&store, Duration::from_secs(5));
+    let (_store, idem) = store_and_engine(&server, interval, None).await;
     let runs = AtomicU32::new(0);
     let k = key("epoch-interval", "k");
     call(&idem, &k, &runs, 1).await.unwrap();
@@ -463,14 +402,9 @@ async fn concurrent_steps_notice_a_loss_once_and_all_fail_closed() {
     let Some(server) = PrivateRedis::start(&[]) else {
         return;
     };
-    let events = Events::global();
+    Logged::global(); // listening before anything logs
     let interval = Duration::from_millis(100);
-    let store = RedisStore::builder()
-        .epoch_check_interval(interval)
-        .open(&server.url())
-        .await
-        .unwrap();
-    let idem = engine(&store, Duration::from_secs(5));
+    let (store, idem) = store_and_engine(&server, interval, None).await;
     let runs = Arc::new(AtomicU32::new(0));
     call(&idem, &key("epoch-concurrent", "before"), &runs, 1)
         .await
@@ -495,9 +429,7 @@ async fn concurrent_steps_notice_a_loss_once_and_all_fail_closed() {
         );
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1, "no body ran after the loss");
-    assert_eq!(store.lost_records_noticed(), 1);
-    let errors = events.of(tracing::Level::ERROR, &server);
-    assert_eq!(errors.len(), 1, "one loss, one event: {errors:?}");
+    one_loss_logged(&store, &server);
 }
 
 #[tokio::test]
@@ -505,14 +437,14 @@ async fn a_healthy_server_never_looks_lost_across_many_steps_and_a_reconnect() {
     let Some(server) = PrivateRedis::start(&[]) else {
         return;
     };
-    let events = Events::global();
-    let store = RedisStore::builder()
-        .epoch_check_interval(Duration::ZERO) // the epoch before every step
-        .on_lost_records(LostRecords::FailClaimsUntilAcknowledged)
-        .open(&server.url())
-        .await
-        .unwrap();
-    let idem = engine(&store, Duration::from_secs(5));
+    let events = Logged::global();
+    // The epoch is read before every step.
+    let (store, idem) = store_and_engine(
+        &server,
+        Duration::ZERO,
+        Some(LostRecords::FailClaimsUntilAcknowledged),
+    )
+    .await;
     let runs = AtomicU32::new(0);
     for i in 0..100 {
         let k = key("epoch-healthy", &format!("k{}", i % 50));
@@ -523,15 +455,7 @@ async fn a_healthy_server_never_looks_lost_across_many_steps_and_a_reconnect() {
     // Every connection of the store closed, the server unchanged: the store reconnects and
     // finds its own epoch.
     let mut admin = admin(&server.url()).await;
-    let _: u64 = ::redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("normal")
-        .arg("SKIPME")
-        .arg("yes")
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    kill_normal_clients(&mut admin).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     for i in 0..100 {
         let k = key("epoch-healthy", &format!("k{}", i % 60));
@@ -555,7 +479,7 @@ async fn a_healthy_server_never_looks_lost_across_many_steps_and_a_reconnect() {
         "keys 50..60 ran, none again"
     );
     assert_eq!(store.lost_records_noticed(), 0);
-    let errors = events.of(tracing::Level::ERROR, &server);
+    let errors = events.of(tracing::Level::ERROR, server.port());
     assert!(errors.is_empty(), "{errors:?}");
 }
 
@@ -564,7 +488,7 @@ async fn an_epoch_key_the_server_refuses_is_warned_about_and_steps_go_on() {
     let Some(server) = PrivateRedis::start(&[]) else {
         return;
     };
-    let events = Events::global();
+    let events = Logged::global();
     let mut admin = admin(&server.url()).await;
     let _: u64 = ::redis::cmd("HSET")
         .arg("idem:epoch")
@@ -586,32 +510,11 @@ async fn an_epoch_key_the_server_refuses_is_warned_about_and_steps_go_on() {
     assert_eq!(call(&idem, &k, &runs, 2).await.unwrap(), 1);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     assert_eq!(store.lost_records_noticed(), 0);
-    let warnings = events.of(tracing::Level::WARN, &server);
+    let warnings = events.of(tracing::Level::WARN, server.port());
     assert!(
         warnings.iter().any(|w| w.contains("epoch_key=idem:epoch")),
         "{warnings:?}"
     );
-}
-
-/// `INFO commandstats` as command -> calls.
-async fn command_calls(conn: &mut ::redis::aio::MultiplexedConnection) -> HashMap<String, u64> {
-    let info: String = ::redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|l| l.strip_prefix("cmdstat_"))
-        .filter_map(|l| {
-            let (name, rest) = l.split_once(':')?;
-            let calls = rest
-                .split(',')
-                .find_map(|f| f.strip_prefix("calls="))?
-                .parse()
-                .ok()?;
-            Some((name.to_string(), calls))
-        })
-        .collect()
 }
 
 /// The commands the server ran for 10 first calls and 10 replays on `store`.
@@ -619,17 +522,15 @@ async fn cost(server: &PrivateRedis, store: &RedisStore, scope: &str) -> HashMap
     let mut admin = admin(&server.url()).await;
     let idem = engine(store, Duration::from_secs(5));
     let runs = AtomicU32::new(0);
-    let before = command_calls(&mut admin).await;
-    for i in 0..20 {
-        let k = key(scope, &format!("k{}", i % 10));
-        call(&idem, &k, &runs, 1).await.unwrap();
-    }
-    let after = command_calls(&mut admin).await;
-    after
-        .iter()
-        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0)))
-        .filter(|(k, v)| *v > 0 && k != "info")
-        .collect()
+    let ((), mut ran) = counted(&mut admin, async {
+        for i in 0..20 {
+            let k = key(scope, &format!("k{}", i % 10));
+            call(&idem, &k, &runs, 1).await.unwrap();
+        }
+    })
+    .await;
+    ran.remove("info");
+    ran
 }
 
 #[tokio::test]

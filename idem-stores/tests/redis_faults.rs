@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use idem_core::testing::{backend_url, unique_scope};
 use idem_core::{Error, Fingerprint, Idem, Store, StoreError, Token};
 use idem_stores::{LostRecords, RedisStore};
-use support::redis_server::{admin, key, PrivateRedis, URL_VAR};
+use support::redis_server::{admin, key, kill_normal_clients, PrivateRedis, URL_VAR};
 
 // --- faults ---------------------------------------------------------------------------
 
@@ -153,15 +153,7 @@ async fn dropped_connections_reconnect() {
     let k = key(&scope, "k");
     let mut failures = 0;
     for round in 0..5 {
-        let killed: i64 = ::redis::cmd("CLIENT")
-            .arg("KILL")
-            .arg("TYPE")
-            .arg("normal")
-            .arg("SKIPME")
-            .arg("yes")
-            .query_async(&mut admin)
-            .await
-            .unwrap();
+        let killed = kill_normal_clients(&mut admin).await;
         assert!(
             killed >= 1,
             "round {round}: the store's connection was not there to kill"

@@ -12,13 +12,11 @@
 mod support;
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use idem_core::testing::{backend_url, unique_scope};
-use idem_core::{Claim, Error, Fingerprint, Idem, Store, StoreError, Token};
+use idem_core::{Claim, Error, Fingerprint, Idem, StoreError};
 use idem_stores::RedisStore;
-use support::redis_server::{admin, key, PrivateRedis, URL_VAR};
+use support::redis_server::{admin, claim_new, key, Logged, PrivateRedis, URL_VAR};
 
 // --- constructors and operations ------------------------------------------------------
 
@@ -30,15 +28,7 @@ async fn connect_by_url_and_from_a_connection_manager() {
     let by_url = idem_stores::connect(&url).await.unwrap();
     let k = key(&unique_scope("redis-connect"), "k");
     assert!(matches!(
-        by_url
-            .claim(
-                &k,
-                &Fingerprint::NONE,
-                Token::random(),
-                Duration::from_secs(30)
-            )
-            .await
-            .unwrap(),
+        claim_new(&by_url, &k).await,
         Claim::Acquired { .. }
     ));
 
@@ -49,14 +39,7 @@ async fn connect_by_url_and_from_a_connection_manager() {
         .unwrap();
     let mine = RedisStore::from_connection_manager(manager).await;
     assert!(matches!(
-        mine.claim(
-            &k,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_secs(30)
-        )
-        .await
-        .unwrap(),
+        claim_new(&mine, &k).await,
         Claim::InProgress { .. }
     ));
     assert!(format!("{mine:?}").contains("standalone"));
@@ -125,44 +108,12 @@ async fn a_full_noeviction_server_refuses_new_claims_and_still_replays() {
     assert_eq!(replay, "kept", "a full server still answers replays");
 }
 
-/// Captures the `idem` warnings of one test.
-#[derive(Clone, Default)]
-struct Warnings(Arc<Mutex<Vec<String>>>);
-
-impl tracing::Subscriber for Warnings {
-    fn enabled(&self, meta: &tracing::Metadata<'_>) -> bool {
-        *meta.level() <= tracing::Level::WARN
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        struct Text(String);
-        impl tracing::field::Visit for Text {
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                self.0.push_str(&format!("{}={:?} ", field.name(), value));
-            }
-            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-                self.0.push_str(&format!("{}={} ", field.name(), value));
-            }
-        }
-        let mut text = Text(String::new());
-        event.record(&mut text);
-        self.0.lock().unwrap().push(text.0);
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
 async fn warnings_on_connect(server: &PrivateRedis) -> Vec<String> {
-    let warnings = Warnings::default();
+    let warnings = Logged::default();
     let guard = tracing::subscriber::set_default(warnings.clone());
     RedisStore::open(&server.url()).await.unwrap();
     drop(guard);
-    let seen = warnings.0.lock().unwrap().clone();
-    seen
+    warnings.lines()
 }
 
 #[tokio::test(flavor = "current_thread")]

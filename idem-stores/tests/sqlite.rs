@@ -7,12 +7,8 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use bytes::Bytes;
-use idem_core::{
-    Capabilities, Claim, Error, Fingerprint, Idem, InProgress, Key, Record, Store, StoreError,
-    Token,
-};
+use idem_core::{Error, Fingerprint, Idem, InProgress, Key, StoreError};
 use idem_stores::SqliteStore;
 use tempfile::TempDir;
 
@@ -23,51 +19,11 @@ struct InTempDir {
     _dir: TempDir,
 }
 
-#[async_trait]
-impl Store for InTempDir {
-    async fn claim(
-        &self,
-        key: &Key,
-        fp: &Fingerprint,
-        token: Token,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
-        self.store.claim(key, fp, token, lease).await
-    }
-    async fn complete(
-        &self,
-        key: &Key,
-        token: Token,
-        payload: Bytes,
-        ttl: Duration,
-    ) -> Result<(), StoreError> {
-        self.store.complete(key, token, payload, ttl).await
-    }
-    async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError> {
-        self.store.release(key, token).await
-    }
-    async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
-        self.store.extend(key, token, lease).await
-    }
-    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        self.store.get(key).await
-    }
-    async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
-        self.store.delete(key).await
-    }
-    async fn replace(
-        &self,
-        key: &Key,
-        expected: &[u8],
-        new: Option<(Bytes, Duration)>,
-    ) -> Result<bool, StoreError> {
-        self.store.replace(key, expected, new).await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.store.capabilities()
-    }
-    fn backend(&self) -> &'static str {
-        self.store.backend()
+/// Every step is the SQLite store's, through `StoreWrapper`'s defaults.
+impl idem_core::StoreWrapper for InTempDir {
+    type Inner = SqliteStore;
+    fn inner(&self) -> &SqliteStore {
+        &self.store
     }
 }
 

@@ -6,159 +6,9 @@
 //! for every dialect by `transactional_tests!`.
 #![cfg(all(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 
-use std::sync::atomic::{AtomicU64, Ordering};
+mod support;
 
-/// A store (migrated) and the name of an effect table beside its records, with what
-/// keeps them alive and cleans up.
-pub struct Fixture<D: idem_stores::Transactional> {
-    pub store: idem_stores::SqlStore<D>,
-    pub effects: String,
-    cleanup: Option<Cleanup>,
-    _dir: Option<tempfile::TempDir>,
-}
-
-/// What a fixture drops at the end: a Postgres schema, or MySQL tables.
-enum Cleanup {
-    PostgresSchema { url: String, schema: String },
-    MySqlTables { url: String, tables: Vec<String> },
-}
-
-impl<D: idem_stores::Transactional> Drop for Fixture<D> {
-    fn drop(&mut self) {
-        if let Some(cleanup) = self.cleanup.take() {
-            // From a thread and a connection of its own: the test's runtime is blocked
-            // here, and the pool's connections belong to it.
-            std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async {
-                    use sqlx::Connection;
-                    match cleanup {
-                        Cleanup::PostgresSchema { url, schema } => {
-                            let Ok(mut conn) = sqlx::PgConnection::connect(&url).await else {
-                                return;
-                            };
-                            let _ =
-                                sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
-                                    .execute(&mut conn)
-                                    .await;
-                        }
-                        Cleanup::MySqlTables { url, tables } => {
-                            let Ok(mut conn) = sqlx::MySqlConnection::connect(&url).await else {
-                                return;
-                            };
-                            for table in tables {
-                                let _ = sqlx::query(&format!("DROP TABLE IF EXISTS {table}"))
-                                    .execute(&mut conn)
-                                    .await;
-                            }
-                        }
-                    }
-                });
-            })
-            .join()
-            .unwrap();
-        }
-    }
-}
-
-static N: AtomicU64 = AtomicU64::new(0);
-
-fn unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!(
-        "{prefix}_{nanos:x}_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-async fn postgres() -> Option<Fixture<sqlx::Postgres>> {
-    let url = idem_core::testing::backend_url("IDEM_TEST_POSTGRES_URL")?;
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(12)
-        .connect(&url)
-        .await
-        .unwrap();
-    let schema = unique("idem_tx");
-    sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
-        .execute(&pool)
-        .await
-        .unwrap();
-    let effects = format!("\"{schema}\".effects");
-    sqlx::query(&format!(
-        "CREATE TABLE {effects} (message text PRIMARY KEY, body text NOT NULL)"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    let store = idem_stores::PostgresStore::new(pool.clone())
-        .with_table(&format!("{schema}.idem_records"))
-        .unwrap();
-    store.migrate().await.unwrap();
-    Some(Fixture {
-        store,
-        effects,
-        cleanup: Some(Cleanup::PostgresSchema { url, schema }),
-        _dir: None,
-    })
-}
-
-async fn mysql() -> Option<Fixture<sqlx::MySql>> {
-    let url = idem_core::testing::backend_url("IDEM_TEST_MYSQL_URL")?;
-    let pool = sqlx::mysql::MySqlPoolOptions::new()
-        .max_connections(12)
-        .connect(&url)
-        .await
-        .unwrap();
-    let name = unique("idem_tx");
-    // No primary key on the effect: a second row for a message must be countable.
-    let effects = format!("`{name}_effects`");
-    sqlx::query(&format!(
-        "CREATE TABLE {effects} (message varchar(255) NOT NULL, body text NOT NULL) ENGINE=InnoDB"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    let records = format!("{name}_records");
-    let store = idem_stores::MySqlStore::new(pool.clone())
-        .with_table(&records)
-        .unwrap();
-    store.migrate().await.unwrap();
-    Some(Fixture {
-        store,
-        effects: effects.clone(),
-        cleanup: Some(Cleanup::MySqlTables {
-            url,
-            tables: vec![effects, format!("`{records}`")],
-        }),
-        _dir: None,
-    })
-}
-
-async fn sqlite() -> Option<Fixture<sqlx::Sqlite>> {
-    let dir = tempfile::tempdir().unwrap();
-    let store = idem_stores::SqliteStore::open(dir.path().join("idem.db"))
-        .await
-        .unwrap();
-    // No primary key on the effect: a second row for a message must be countable, not an
-    // error that would hide a missing dedup.
-    sqlx::query("CREATE TABLE effects (message text NOT NULL, body text NOT NULL)")
-        .execute(store.pool())
-        .await
-        .unwrap();
-    Some(Fixture {
-        store,
-        effects: "effects".into(),
-        cleanup: None,
-        _dir: Some(dir),
-    })
-}
+use support::tx::{self, Fixture};
 
 macro_rules! transactional_tests {
     ($backend:ident, $fresh:expr, $db:ty) => {
@@ -174,32 +24,32 @@ macro_rules! transactional_tests {
                 Key::new("consumer.tx", id).unwrap()
             }
 
+            /// Marks `k` processed (no fingerprint, kept a day) in `tx`.
+            async fn mark(
+                f: &super::Fixture<$db>,
+                tx: &mut sqlx::Transaction<'_, $db>,
+                k: &Key,
+            ) -> Origin {
+                f.store
+                    .mark_processed_in(&mut **tx, k, Fingerprint::NONE, DAY)
+                    .await
+                    .unwrap()
+            }
+
             #[tokio::test]
             async fn consumer_tx_commit_is_first_then_duplicate_on_both_paths() {
                 let Some(f) = $fresh.await else { return };
                 let k = key("orders:0:1");
                 let mut tx = f.store.pool().begin().await.unwrap();
-                let first = f
-                    .store
-                    .mark_processed_in(&mut *tx, &k, Fingerprint::NONE, DAY)
-                    .await
-                    .unwrap();
+                let first = mark(&f, &mut tx, &k).await;
                 assert_eq!(first, Origin::Ran);
                 // Within the same transaction the record is already there.
-                let again = f
-                    .store
-                    .mark_processed_in(&mut *tx, &k, Fingerprint::NONE, DAY)
-                    .await
-                    .unwrap();
+                let again = mark(&f, &mut tx, &k).await;
                 assert_eq!(again, Origin::Store);
                 tx.commit().await.unwrap();
 
                 let mut tx = f.store.pool().begin().await.unwrap();
-                let later = f
-                    .store
-                    .mark_processed_in(&mut *tx, &k, Fingerprint::NONE, DAY)
-                    .await
-                    .unwrap();
+                let later = mark(&f, &mut tx, &k).await;
                 assert_eq!(later, Origin::Store);
                 tx.rollback().await.unwrap();
 
@@ -265,11 +115,7 @@ macro_rules! transactional_tests {
                 let Some(f) = $fresh.await else { return };
                 let k = key("orders:0:2");
                 let mut tx = f.store.pool().begin().await.unwrap();
-                let first = f
-                    .store
-                    .mark_processed_in(&mut *tx, &k, Fingerprint::NONE, DAY)
-                    .await
-                    .unwrap();
+                let first = mark(&f, &mut tx, &k).await;
                 assert_eq!(first, Origin::Ran);
                 tx.rollback().await.unwrap();
 
@@ -277,11 +123,7 @@ macro_rules! transactional_tests {
                 assert!(!idem.is_processed(&k).await.unwrap());
                 // The redelivery does the work.
                 let mut tx = f.store.pool().begin().await.unwrap();
-                let redelivered = f
-                    .store
-                    .mark_processed_in(&mut *tx, &k, Fingerprint::NONE, DAY)
-                    .await
-                    .unwrap();
+                let redelivered = mark(&f, &mut tx, &k).await;
                 assert_eq!(redelivered, Origin::Ran);
                 tx.commit().await.unwrap();
                 assert!(idem.is_processed(&k).await.unwrap());
@@ -405,11 +247,7 @@ macro_rules! transactional_tests {
                         let mut conn = f.store.pool().acquire().await.unwrap();
                         barrier.wait().await;
                         let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
-                        let d = f
-                            .store
-                            .mark_processed_in(&mut *tx, &k, Fingerprint::NONE, DAY)
-                            .await
-                            .unwrap();
+                        let d = mark(&f, &mut tx, &k).await;
                         if d == Origin::Ran {
                             sqlx::query(&format!(
                                 "INSERT INTO {} (message, body) VALUES ('orders:1:99', 'by {i}')",
@@ -581,6 +419,10 @@ macro_rules! transactional_tests {
     };
 }
 
-transactional_tests!(postgres, super::postgres(), sqlx::Postgres);
-transactional_tests!(sqlite, super::sqlite(), sqlx::Sqlite);
-transactional_tests!(mysql, super::mysql(), sqlx::MySql);
+transactional_tests!(
+    postgres,
+    super::tx::postgres("idem_tx", "message text PRIMARY KEY"),
+    sqlx::Postgres
+);
+transactional_tests!(sqlite, super::tx::sqlite(), sqlx::Sqlite);
+transactional_tests!(mysql, super::tx::mysql("idem_tx"), sqlx::MySql);

@@ -1,98 +1,9 @@
 //! Hostile review of transactional steps (`completed_step_in`, `record_step_in`).
 #![cfg(all(feature = "postgres", feature = "sqlite", feature = "mysql"))]
 
-use std::sync::atomic::{AtomicU64, Ordering};
+mod support;
 
-fn unique(prefix: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!(
-        "{prefix}_{nanos:x}_{}_{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-pub struct Fixture<D: idem_stores::Transactional> {
-    pub store: idem_stores::SqlStore<D>,
-    pub effects: String,
-    _dir: Option<tempfile::TempDir>,
-}
-
-async fn postgres() -> Option<Fixture<sqlx::Postgres>> {
-    let url = idem_core::testing::backend_url("IDEM_TEST_POSTGRES_URL")?;
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(12)
-        .connect(&url)
-        .await
-        .unwrap();
-    let schema = unique("idem_txa");
-    sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
-        .execute(&pool)
-        .await
-        .unwrap();
-    let effects = format!("\"{schema}\".effects");
-    sqlx::query(&format!(
-        "CREATE TABLE {effects} (message text NOT NULL, body text NOT NULL)"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    let store = idem_stores::PostgresStore::new(pool.clone())
-        .with_table(&format!("{schema}.idem_records"))
-        .unwrap();
-    store.migrate().await.unwrap();
-    Some(Fixture {
-        store,
-        effects,
-        _dir: None,
-    })
-}
-
-async fn mysql() -> Option<Fixture<sqlx::MySql>> {
-    let url = idem_core::testing::backend_url("IDEM_TEST_MYSQL_URL")?;
-    let pool = sqlx::mysql::MySqlPoolOptions::new()
-        .max_connections(12)
-        .connect(&url)
-        .await
-        .unwrap();
-    let name = unique("idem_txa");
-    let effects = format!("`{name}_effects`");
-    sqlx::query(&format!(
-        "CREATE TABLE {effects} (message varchar(255) NOT NULL, body text NOT NULL) ENGINE=InnoDB"
-    ))
-    .execute(&pool)
-    .await
-    .unwrap();
-    let store = idem_stores::MySqlStore::new(pool.clone())
-        .with_table(&format!("{name}_records"))
-        .unwrap();
-    store.migrate().await.unwrap();
-    Some(Fixture {
-        store,
-        effects,
-        _dir: None,
-    })
-}
-
-async fn sqlite() -> Option<Fixture<sqlx::Sqlite>> {
-    let dir = tempfile::tempdir().unwrap();
-    let store = idem_stores::SqliteStore::open(dir.path().join("idem.db"))
-        .await
-        .unwrap();
-    sqlx::query("CREATE TABLE effects (message text NOT NULL, body text NOT NULL)")
-        .execute(store.pool())
-        .await
-        .unwrap();
-    Some(Fixture {
-        store,
-        effects: "effects".into(),
-        _dir: Some(dir),
-    })
-}
+use support::tx::{self, unique, Fixture};
 
 macro_rules! attacks {
     ($backend:ident, $fresh:expr, $db:ty) => {
@@ -321,6 +232,10 @@ macro_rules! attacks {
     };
 }
 
-attacks!(postgres, super::postgres(), sqlx::Postgres);
-attacks!(sqlite, super::sqlite(), sqlx::Sqlite);
-attacks!(mysql, super::mysql(), sqlx::MySql);
+attacks!(
+    postgres,
+    super::tx::postgres("idem_txa", "message text NOT NULL"),
+    sqlx::Postgres
+);
+attacks!(sqlite, super::tx::sqlite(), sqlx::Sqlite);
+attacks!(mysql, super::tx::mysql("idem_txa"), sqlx::MySql);

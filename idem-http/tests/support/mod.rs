@@ -12,8 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing;
 use axum::{Json, Router};
 use idem_core::{
-    async_trait, Bytes, Capabilities, Claim, Fingerprint, Idem, Key, Record, Store, StoreError,
-    Token,
+    async_trait, Bytes, Claim, Fingerprint, Idem, Key, Record, Store, StoreError, Token,
 };
 use idem_http::IdempotencyKey;
 use tokio::sync::{oneshot, Notify, Semaphore};
@@ -106,8 +105,13 @@ impl Watched {
     }
 }
 
+/// Every step but the claim is the inner store's, through `StoreWrapper`'s defaults.
 #[async_trait]
-impl Store for Watched {
+impl idem_core::StoreWrapper for Watched {
+    type Inner = dyn Store;
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
+    }
     async fn claim(
         &self,
         key: &Key,
@@ -121,44 +125,6 @@ impl Store for Watched {
             self.changed.notify_waiters();
         }
         Ok(claim)
-    }
-    async fn complete(
-        &self,
-        key: &Key,
-        token: Token,
-        payload: Bytes,
-        ttl: Duration,
-    ) -> Result<(), StoreError> {
-        self.inner.complete(key, token, payload, ttl).await
-    }
-    async fn release(&self, key: &Key, token: Token) -> Result<(), StoreError> {
-        self.inner.release(key, token).await
-    }
-    async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
-        self.inner.extend(key, token, lease).await
-    }
-    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key).await
-    }
-    async fn delete(&self, key: &Key) -> Result<bool, StoreError> {
-        self.inner.delete(key).await
-    }
-    async fn replace(
-        &self,
-        key: &Key,
-        expected: &[u8],
-        new: Option<(Bytes, Duration)>,
-    ) -> Result<bool, StoreError> {
-        self.inner.replace(key, expected, new).await
-    }
-    async fn wait(&self, key: &Key, at_most: Duration) -> Result<(), StoreError> {
-        self.inner.wait(key, at_most).await
-    }
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
     }
 }
 
@@ -353,6 +319,25 @@ pub async fn post(
         .body(body.to_owned());
     if let Some(key) = key {
         req = req.header("idempotency-key", key);
+    }
+    req.send().await.expect("request")
+}
+
+/// Sends one POST with `key`, `body` and the given extra headers.
+pub async fn send(
+    c: &reqwest::Client,
+    url: &str,
+    key: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> reqwest::Response {
+    let mut req = c
+        .post(url)
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(body.to_owned());
+    for (name, value) in headers {
+        req = req.header(*name, *value);
     }
     req.send().await.expect("request")
 }

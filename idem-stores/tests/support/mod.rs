@@ -8,6 +8,8 @@
 pub mod proxy;
 #[cfg(feature = "redis")]
 pub mod redis_server;
+#[cfg(all(feature = "postgres", feature = "sqlite", feature = "mysql"))]
+pub mod tx;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
@@ -327,17 +329,17 @@ pub async fn complete_black_holed_after_the_body(
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    // A retry on the other engine: its body would answer 8.
+    let retry = || {
+        other.call(key.clone(), Fingerprint::NONE).run(|| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            8u32
+        })
+    };
     // Retries while the first call's lease lives: in progress, never a second run.
     let mut in_progress = 0;
     while !first.is_finished() && Instant::now() + Duration::from_secs(1) < lease_end {
-        match other
-            .call(key.clone(), Fingerprint::NONE)
-            .run(|| async {
-                runs.fetch_add(1, Ordering::SeqCst);
-                8u32
-            })
-            .await
-        {
+        match retry().await {
             Err(Error::InProgress { .. }) => in_progress += 1,
             other => panic!("a retry during the first lease got {other:?}"),
         }
@@ -357,14 +359,7 @@ pub async fn complete_black_holed_after_the_body(
     // After the lease: the record was never completed, so the key is free again.
     let deadline = Instant::now() + Duration::from_secs(10);
     let v = loop {
-        match other
-            .call(key.clone(), Fingerprint::NONE)
-            .run(|| async {
-                runs.fetch_add(1, Ordering::SeqCst);
-                8u32
-            })
-            .await
-        {
+        match retry().await {
             Ok(v) => break v,
             Err(Error::InProgress { .. }) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(50)).await

@@ -1,8 +1,8 @@
 //! Model-based test of the store contract, on every backend: proptest draws sequences of
 //! claim (new token or resent), complete, release, extend, get, delete and clock advances
 //! from three clients over three keys, runs them against the store, and checks every
-//! answer against a small reference model of DESIGN.md's "Store contract" (the model is
-//! `Model` below, a few dozen lines).
+//! answer against a small reference model of the store contract as `Store`'s documentation
+//! states it (the model is `Model` below, a few dozen lines).
 //!
 //! The keys are a call's, the record of one of its steps (`key.step("charge")`: what
 //! `idem::step` claims and completes, under the scope `<scope>#step:charge` and the call's
@@ -18,13 +18,18 @@
 //! deadline: every step then has one answer the model can predict.
 //!
 //! ```text
-//! cargo test -p idem-stores --all-features --test reliability_model
+//! cargo test -p idem-integration --all-features --test reliability_model
 //! IDEM_RELIABILITY_SCALE=4 cargo test ...   # 4 times the cases (default: 256 memory, 48 remote)
 //! ```
 //!
 //! A failure is shrunk to a short sequence, printed, and its seed is kept in
-//! `idem-stores/tests/reliability_model.regressions` (committed), which every later
+//! `idem-integration/tests/reliability_model.regressions` (committed), which every later
 //! run replays first.
+
+// The store tests' support (the Redis Cluster of `IDEM_TEST_REDIS_CLUSTER`), shared with
+// `idem-stores`' own tests.
+#[path = "../../idem-stores/tests/support/mod.rs"]
+mod support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -709,24 +714,7 @@ fn reliability_model_redis() {
 #[test]
 fn reliability_model_redis_cluster() {
     remote("redis-cluster", 48, async {
-        let spec = idem_core::testing::backend_url("IDEM_TEST_REDIS_CLUSTER")?;
-        let list = spec.strip_prefix("redis+cluster://").unwrap_or(&spec);
-        let nodes: Vec<String> = list
-            .split(',')
-            .map(str::trim)
-            .filter(|n| !n.is_empty())
-            .map(|n| {
-                if n.contains("://") {
-                    n.to_string()
-                } else {
-                    format!("redis://{n}")
-                }
-            })
-            .collect();
-        let store = idem_stores::RedisStore::builder()
-            .open_cluster(nodes)
-            .await
-            .unwrap();
+        let store = support::redis_server::cluster_store().await?;
         Some(Arc::new(store) as Arc<dyn Store>)
     });
 }

@@ -6,8 +6,13 @@
 //! fuzz target `fuzz/fuzz_targets/key.rs`, run by `cargo test`.
 //!
 //! ```text
-//! cargo test -p idem-stores --all-features --test reliability_keys
+//! cargo test -p idem-integration --all-features --test reliability_keys
 //! ```
+
+// The store tests' support (the Redis Cluster of `IDEM_TEST_REDIS_CLUSTER`), shared with
+// `idem-stores`' own tests.
+#[path = "../../idem-stores/tests/support/mod.rs"]
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -156,25 +161,9 @@ fn reliability_keys_redis() {
 #[cfg(feature = "redis-cluster")]
 #[test]
 fn reliability_keys_redis_cluster() {
-    let Some(spec) = idem_core::testing::backend_url("IDEM_TEST_REDIS_CLUSTER") else {
+    let rt = runtime();
+    let Some(store) = rt.block_on(support::redis_server::cluster_store()) else {
         return;
     };
-    let list = spec.strip_prefix("redis+cluster://").unwrap_or(&spec);
-    let nodes: Vec<String> = list
-        .split(',')
-        .map(str::trim)
-        .filter(|n| !n.is_empty())
-        .map(|n| {
-            if n.contains("://") {
-                n.to_string()
-            } else {
-                format!("redis://{n}")
-            }
-        })
-        .collect();
-    let rt = runtime();
-    let store = rt
-        .block_on(idem_stores::RedisStore::builder().open_cluster(nodes))
-        .unwrap();
     check("redis-cluster", Arc::new(store), &rt);
 }

@@ -1,9 +1,9 @@
 //! Network faults between idem and Redis or Postgres, at a chosen step. A TCP proxy of the
-//! test's own (`support/proxy.rs`) sits in front of the server; a store wrapper switches
-//! the fault on as the engine starts the chosen step (claim, extend, complete, release) or
-//! the body switches it on (mid-body). Faults: a reply delayed below the step timeout, a
-//! reply delayed past it, every connection cut, a black hole, the reply dropped after the
-//! server acted.
+//! test's own (`idem-stores/tests/support/proxy.rs`) sits in front of the server; a store
+//! wrapper switches the fault on as the engine starts the chosen step (claim, extend,
+//! complete, release) or the body switches it on (mid-body). Faults: a reply delayed below
+//! the step timeout, a reply delayed past it, every connection cut, a black hole, the
+//! reply dropped after the server acted.
 //!
 //! Whatever the fault, the call checks that:
 //! - the body runs only after a claim that answered `Acquired`;
@@ -14,10 +14,13 @@
 //!
 //! ```text
 //! IDEM_REQUIRE_BACKENDS=1 IDEM_TEST_POSTGRES_URL=... IDEM_TEST_REDIS_URL=... \
-//!     cargo test -p idem-stores --all-features --test reliability_faults
+//!     cargo test -p idem-integration --all-features --test reliability_faults
 //! ```
 #![cfg(all(feature = "redis", feature = "postgres", feature = "mysql"))]
 
+// The store tests' support (TCP proxy, recording store, private Redis servers), shared with
+// `idem-stores`' own tests.
+#[path = "../../idem-stores/tests/support/mod.rs"]
 mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};

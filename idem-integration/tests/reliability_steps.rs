@@ -1,4 +1,4 @@
-//! Steps inside one call (issue 24), on every store: a body of three steps (`charge`,
+//! Steps inside one call, on every store: a body of three steps (`charge`,
 //! `reserve`, `email`) whose side effects are counted in files, so that a count outlives
 //! the process that made it.
 //!
@@ -25,7 +25,7 @@
 //! ```text
 //! IDEM_REQUIRE_BACKENDS=1 IDEM_TEST_POSTGRES_URL=... IDEM_TEST_MYSQL_URL=... \
 //!   IDEM_TEST_REDIS_URL=... IDEM_TEST_REDIS_CLUSTER=redis+cluster://h1:p1,h2:p2,h3:p3 \
-//!   cargo test -p idem-integration --all-features --test steps_every_store
+//!   cargo test -p idem-integration --all-features --test reliability_steps
 //! ```
 
 use std::collections::HashMap;

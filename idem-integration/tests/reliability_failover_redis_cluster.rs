@@ -9,8 +9,8 @@
 //! RELIABILITY.md keeps the figures these tests print.
 //!
 //! ```text
-//! IDEM_TEST_REDIS_URL=redis://127.0.0.1:6379 cargo test -p idem-stores --all-features \
-//!   --test redis_cluster_failover -- --nocapture
+//! IDEM_TEST_REDIS_URL=redis://127.0.0.1:6379 cargo test -p idem-integration --all-features \
+//!   --test reliability_failover_redis_cluster -- --nocapture
 //! ```
 //!
 //! How the replication link passes the proxy: in cluster mode a replica connects to its
@@ -26,6 +26,9 @@
 //! `IDEM_REQUIRE_BACKENDS=1`); the servers they use are their own `redis-server`s.
 #![cfg(feature = "redis-cluster")]
 
+// The store tests' support (TCP proxy, recording store, private Redis servers), shared with
+// `idem-stores`' own tests.
+#[path = "../../idem-stores/tests/support/mod.rs"]
 mod support;
 
 use std::net::TcpListener;
@@ -53,7 +56,7 @@ const ENGINES: usize = 40;
 const SLOTS: [(u16, u16); 3] = [(0, 5460), (5461, 10922), (10923, 16383)];
 
 /// How long the proxy holds each chunk of the replication stream: 300 ms, or
-/// `IDEM_FAILOVER_DELAY_MS` (the same knob as `redis_failover.rs`).
+/// `IDEM_FAILOVER_DELAY_MS` (the same knob as `idem-stores/tests/redis_failover.rs`).
 fn link_delay() -> Duration {
     let ms = std::env::var("IDEM_FAILOVER_DELAY_MS")
         .ok()

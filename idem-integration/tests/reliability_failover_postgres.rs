@@ -21,6 +21,9 @@ use futures_util::stream::{self, StreamExt};
 use idem_core::{Error, Fingerprint, Idem, Key, StoreError};
 use idem_stores::{PostgresStore, SynchronousCommit};
 
+// The store tests' support (TCP proxy, recording store, private Redis servers), shared with
+// `idem-stores`' own tests.
+#[path = "../../idem-stores/tests/support/mod.rs"]
 mod support;
 use support::TcpProxy;
 
