@@ -99,45 +99,13 @@ pub mod http {
     pub use idem_http::*;
 }
 
+// The attributes' references are Markdown files in src/docs/, whose examples run as this
+// crate's doctests.
 #[doc = include_str!("docs/idempotent.md")]
 #[doc(inline)]
 pub use idem_macros::idempotent;
 
-/// On an impl block: gives each `#[idempotent]` method in it without a `scope` the default
-/// scope `<module>::<Type>::<method>` (`<module>::<Type as Trait>::<method>` in a trait
-/// impl), from the impl's type as the source spells it, generic arguments left out.
-///
-/// ```
-/// use idem::idempotent;
-///
-/// pub struct Orders;
-/// pub struct Users;
-///
-/// #[idem::scoped]
-/// impl Orders {
-///     #[idempotent(key = id)]
-///     pub async fn create(&self, id: u64) -> u64 { id }
-/// }
-///
-/// #[idem::scoped]
-/// impl Users {
-///     // Same module, same method name: another scope, so other keys.
-///     #[idempotent(key = id)]
-///     pub async fn create(&self, id: u64) -> u64 { id + 1000 }
-/// }
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// # idem::set_global(idem::Idem::new(idem::MemoryStore::new())).unwrap();
-/// assert_eq!(Orders.create(1).await.unwrap(), 1);
-/// assert_eq!(Users.create(1).await.unwrap(), 1001);
-/// let key = idem::Key::new(concat!(module_path!(), "::Orders::create"), "1").unwrap();
-/// assert!(idem::global().unwrap().store().get(&key).await.unwrap().is_some());
-/// # }
-/// ```
-///
-/// Without it, an `#[idempotent]` method with a receiver needs its own `scope = "..."`. A
-/// generic impl's methods always do (see [`idempotent`](macro@idempotent), "Keys and
-/// fingerprints").
+#[doc = include_str!("docs/scoped.md")]
 #[doc(inline)]
 pub use idem_macros::scoped;
 
