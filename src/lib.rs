@@ -81,7 +81,7 @@ pub use idem_core::{
     codec, fence, BoxError, Call, CallWithOutcome, Capabilities, Claim, DecodeError, Error, Fence,
     Fingerprint, Idem, IdemBuilder, InProgress, Key, LeaseLoss, MissingKey, Origin, Outcome,
     Record, Store, StoreError, StoreWrapper, Token, DEFAULT_LEASE, DEFAULT_RETRY_AFTER,
-    DEFAULT_STEP_TIMEOUT, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
+    DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
 };
 pub use idem_core::{
     step, step_key, step_record, Ambiguous, NeverUnknown, Resolution, Resolved, Step, StepRecord,

@@ -19,7 +19,7 @@ fn setup() -> (Arc<Hanging>, Idem) {
     let store = Arc::new(Hanging::default());
     let idem = Idem::builder()
         .store(store.clone())
-        .step_timeout(STEP)
+        .store_timeout(STEP)
         .build()
         .unwrap();
     (store, idem)
@@ -195,18 +195,18 @@ async fn forget_is_bounded() {
 }
 
 #[test]
-fn the_step_timeout_is_validated_and_defaults_to_five_seconds() {
+fn the_store_timeout_is_validated_and_defaults_to_five_seconds() {
     for bad in [Duration::ZERO, Duration::from_secs(200 * 365 * 24 * 3600)] {
         let err = Idem::builder()
             .store(MemoryStore::new())
-            .step_timeout(bad)
+            .store_timeout(bad)
             .build()
             .unwrap_err();
-        assert!(err.to_string().contains("step_timeout"), "{err}");
+        assert!(err.to_string().contains("store_timeout"), "{err}");
     }
     let idem = Idem::new(MemoryStore::new());
-    assert_eq!(idem.step_timeout(), idem::DEFAULT_STEP_TIMEOUT);
-    assert_eq!(idem::DEFAULT_STEP_TIMEOUT, Duration::from_secs(5));
+    assert_eq!(idem.store_timeout(), idem::DEFAULT_STORE_TIMEOUT);
+    assert_eq!(idem::DEFAULT_STORE_TIMEOUT, Duration::from_secs(5));
 }
 
 #[test]
@@ -230,7 +230,7 @@ fn self_bounded(bound: Duration, claim_takes: Duration) -> Idem {
     };
     Idem::builder()
         .store(store)
-        .step_timeout(STEP)
+        .store_timeout(STEP)
         .build()
         .unwrap()
 }
@@ -239,7 +239,7 @@ fn self_bounded(bound: Duration, claim_takes: Duration) -> Idem {
 /// command timeout) is timed by that bound alone: the engine adds no timer of its own. So a
 /// claim that (against its word) outlasts the step timeout is not cut off by the engine.
 #[tokio::test(start_paused = true)]
-async fn a_store_bounding_its_steps_within_the_step_timeout_gets_no_second_timer() {
+async fn a_store_bounding_its_steps_within_the_store_timeout_gets_no_second_timer() {
     let idem = self_bounded(STEP / 2, STEP * 2);
     let started = Instant::now();
     let v: u32 = idem
@@ -252,7 +252,7 @@ async fn a_store_bounding_its_steps_within_the_step_timeout_gets_no_second_timer
 
 /// A bound longer than the step timeout changes nothing: the step timeout still holds.
 #[tokio::test(start_paused = true)]
-async fn a_store_bound_past_the_step_timeout_is_not_trusted() {
+async fn a_store_bound_past_the_store_timeout_is_not_trusted() {
     let idem = self_bounded(STEP * 4, STEP * 2);
     let started = Instant::now();
     let err = idem
@@ -289,7 +289,7 @@ async fn a_hanging_wait_is_timed_by_the_engine_even_when_the_store_bounds_its_st
             inner: MemoryStore::new(),
             bound: STEP / 2,
         })
-        .step_timeout(STEP)
+        .store_timeout(STEP)
         .build()
         .unwrap();
     let k = key("bounded-wait");

@@ -584,7 +584,7 @@ async fn a_result_not_replicated_within_the_lease_says_so_not_that_a_step_timed_
     let idem = Idem::builder()
         .shared_store(store)
         .lease(Duration::from_secs(3))
-        .step_timeout(Duration::from_secs(2))
+        .store_timeout(Duration::from_secs(2))
         .build()
         .unwrap();
     *script.unreplicated.lock().unwrap() = Some(Duration::from_millis(900));

@@ -5,9 +5,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use crate::engine::SharedValue;
 use crate::key::Key;
 use crate::store::Fingerprint;
+
+/// A decoded result held by the local cache.
+pub type SharedValue = std::sync::Arc<dyn std::any::Any + Send + Sync>;
 
 #[derive(Clone)]
 pub(crate) struct Hit {

@@ -6,8 +6,10 @@
 //!        4  1 byte   format version (2; format 1 is still read)
 //!        5  1 byte   codec id
 //!        6  1 byte   kind: 0 = the function's value, 1 = a cached error, 2 = a hold (a
-//!                    step whose outcome is unknown: `{"step":"<name>"}` as JSON, read
-//!                    whatever the reading call's codec and version)
+//!                    step whose outcome is unknown: `{"step":"<name>","hold":"<id>"}`
+//!                    as JSON, with `"step_record":false` on a call's key whose step
+//!                    record could not be held, and without `hold` as older holds were
+//!                    written; read whatever the reading call's codec and version)
 //!        7  8 bytes  result version: the `version` the writing call declared (default 0),
 //!                    little endian
 //!       15  ...      the codec's payload
@@ -226,7 +228,7 @@ pub(crate) fn read_hold(bytes: &[u8]) -> Option<Hold> {
     let hold = serde_json::from_slice::<Stored>(payload).ok()?;
     let id_ok =
         |id: &str| id.len() == 16 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-    let valid = crate::engine::step_name_is_valid(&hold.step)
+    let valid = crate::key::step_name_is_valid(&hold.step)
         && hold.hold.as_deref().is_none_or(id_ok)
         && (hold.step_record != Some(true))
         && (hold.step_record.is_none() || hold.hold.is_some());

@@ -264,15 +264,15 @@ pub enum StoreError {
         #[source]
         source: BoxError,
     },
-    /// A store step did not answer in time. Temporary.
+    /// A store operation did not answer in time. Temporary.
     #[error("the {backend} store did not answer the {step} step within {after:?}")]
     Timeout {
         /// Which backend ([`Store::backend`](crate::Store::backend)).
         backend: &'static str,
-        /// Which step: `"claim"`, `"complete"`, `"extend"`, `"release"`, `"get"`,
+        /// Which store operation: `"claim"`, `"complete"`, `"extend"`, `"release"`, `"get"`,
         /// `"delete"` or `"wait"`.
         step: &'static str,
-        /// How long the step was waited for.
+        /// How long the operation was waited for.
         after: Duration,
     },
     /// The store answered with an error.

@@ -36,10 +36,10 @@ pub use digest::digest_hex;
 pub use engine::{
     fence, step, step_key, step_record, Ambiguous, Call, CallWithOutcome, Idem, IdemBuilder,
     InProgress, LeaseLoss, MissingKey, NeverUnknown, Origin, Outcome, Resolution, Resolved, Step,
-    StepRecord, Unresolved, DEFAULT_LEASE, DEFAULT_RETRY_AFTER, DEFAULT_STEP_TIMEOUT, DEFAULT_TTL,
-    DEFAULT_WAIT_TIMEOUT, MAX_DURATION, MAX_STEP_NAME_LEN,
+    StepRecord, Unresolved, DEFAULT_LEASE, DEFAULT_RETRY_AFTER, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL,
+    DEFAULT_WAIT_TIMEOUT, MAX_DURATION,
 };
 pub use error::{BoxError, DecodeError, Error, StoreError};
-pub use key::{Key, MAX_ID_LEN, MAX_SCOPE_LEN};
+pub use key::{Key, MAX_ID_LEN, MAX_SCOPE_LEN, MAX_STEP_NAME_LEN};
 pub use store::{Capabilities, Claim, Fence, Fingerprint, Record, Store, Token};
 pub use wrapper::StoreWrapper;

@@ -21,7 +21,7 @@ pub use crate::{Call, Error, Fingerprint, Idem, InProgress, Key, LeaseLoss, Miss
 
 mod key_id;
 
-pub use key_id::key;
+pub use key_id::{key, KeyValue};
 
 /// A key whose id is the digest of the arguments: what a function without `key` uses.
 pub fn digest_key<T: Serialize + ?Sized>(scope: &str, args: &T) -> Result<Key, Error> {
@@ -198,15 +198,6 @@ impl<T, E> Fallible for Result<T, E> {
 // ---------------------------------------------------------------------------------------
 // Bounds with messages. Each trait is a blanket impl over the real bounds; rustc reports the
 // message of the trait named in the bound, at the token that names the type.
-
-/// A value usable as a key: strings, integers, or any `Serialize` value.
-#[diagnostic::on_unimplemented(
-    message = "`{Self}` cannot be an idempotency key",
-    label = "this key is not a string, an integer or a `Serialize` value",
-    note = "a key is a string or an integer (kept readable) or any `serde::Serialize` value (digested): derive `Serialize` for `{Self}`, or key on one of its fields"
-)]
-pub trait KeyValue: Serialize {}
-impl<T: Serialize + ?Sized> KeyValue for T {}
 
 /// An argument that is digested into the key and fingerprint.
 #[diagnostic::on_unimplemented(

@@ -1,5 +1,5 @@
 //! [`StoreWrapper`]: a store that wraps another (to count, log, or inject faults) and
-//! forwards every step it does not override, so that forgetting one cannot change what the
+//! forwards every operation it does not override, so that forgetting one cannot change what the
 //! store offers.
 
 use std::fmt;
@@ -13,7 +13,7 @@ use crate::key::Key;
 use crate::store::{Capabilities, Claim, Fingerprint, Record, Store, Token};
 
 /// A [`Store`] made of another one: implement [`inner`](StoreWrapper::inner) and override
-/// only the steps the wrapper changes; every other step, [`capabilities`](Store::capabilities)
+/// only the operations the wrapper changes; every other operation, [`capabilities`](Store::capabilities)
 /// and [`backend`](Store::backend) included, is the inner store's. Every `StoreWrapper` is a
 /// `Store`.
 ///
@@ -52,14 +52,14 @@ use crate::store::{Capabilities, Claim, Fingerprint, Record, Store, Token};
 /// let idem = Idem::new(store);
 /// ```
 ///
-/// A type that implements both traits has each step twice; with both traits in scope, call
+/// A type that implements both traits has each operation twice; with both traits in scope, call
 /// the store's as `Store::claim(&wrapper, ...)`.
 #[async_trait]
 pub trait StoreWrapper: Send + Sync + fmt::Debug + 'static {
     /// The wrapped store.
     type Inner: Store + ?Sized;
 
-    /// The wrapped store, which every step not overridden goes to.
+    /// The wrapped store, which every operation not overridden goes to.
     fn inner(&self) -> &Self::Inner;
 
     /// [`Store::claim`]; the inner store's unless overridden.
@@ -130,7 +130,7 @@ pub trait StoreWrapper: Send + Sync + fmt::Debug + 'static {
     }
 
     /// [`Store::step_bound`]; none unless overridden, and not the inner store's: what a
-    /// wrapper adds around a step (a retry, a delay, a second call) is outside the inner
+    /// wrapper adds around an operation (a retry, a delay, a second call) is outside the inner
     /// store's bound. A wrapper that adds no time may forward it.
     fn step_bound(&self) -> Option<Duration> {
         None

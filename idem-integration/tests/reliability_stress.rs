@@ -75,7 +75,7 @@ fn id_of(run: &str, k: usize) -> String {
 fn engine(store: Arc<dyn idem::Store>) -> Idem {
     Idem::builder()
         .shared_store(store)
-        .step_timeout(Duration::from_secs(60))
+        .store_timeout(Duration::from_secs(60))
         .build()
         .unwrap()
 }

@@ -389,21 +389,21 @@ async fn behind_proxy(url: &str) -> (support::TcpProxy, Arc<dyn Store>, Arc<dyn 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn black_holed_claim_answers_within_the_step_timeout() {
+async fn black_holed_claim_answers_within_the_store_timeout() {
     let Some(url) = url() else { return };
     let (proxy, store, _) = behind_proxy(&url).await;
     support::claim_when_black_holed(store, &proxy, key("bh-claim")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn black_holed_release_answers_within_the_step_timeout() {
+async fn black_holed_release_answers_within_the_store_timeout() {
     let Some(url) = url() else { return };
     let (proxy, store, _) = behind_proxy(&url).await;
     support::release_when_black_holed(store, &proxy, key("bh-release")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn black_holed_extends_and_complete_answer_within_the_step_timeout() {
+async fn black_holed_extends_and_complete_answer_within_the_store_timeout() {
     let Some(url) = url() else { return };
     let (proxy, store, _) = behind_proxy(&url).await;
     support::extend_and_complete_when_black_holed(store, &proxy, key("bh-extend")).await;

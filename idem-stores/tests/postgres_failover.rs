@@ -640,7 +640,7 @@ async fn reliability_failover_an_unreachable_standby_fails_the_step_and_runs_no_
         .store(recorded.clone())
         // Seconds of room: a healthy claim waits for the standby's flush, which a loaded
         // machine can slow past a few hundred milliseconds.
-        .step_timeout(Duration::from_secs(2))
+        .store_timeout(Duration::from_secs(2))
         .lease(Duration::from_secs(6))
         .build()
         .unwrap();

@@ -775,7 +775,7 @@ async fn run_and_fail_over(
             tokio::spawn(async move {
                 let idem = Idem::builder()
                     .store(store)
-                    .step_timeout(replica_timeout() + Duration::from_secs(2))
+                    .store_timeout(replica_timeout() + Duration::from_secs(2))
                     .build()
                     .unwrap();
                 let mut acknowledged = Vec::new();

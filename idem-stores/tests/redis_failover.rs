@@ -258,7 +258,7 @@ async fn fail_over(setup: Replicated, stores: Vec<RedisStore>) -> Figures {
             tokio::spawn(async move {
                 let idem = Idem::builder()
                     .store(store)
-                    .step_timeout(replica_timeout() + Duration::from_secs(2))
+                    .store_timeout(replica_timeout() + Duration::from_secs(2))
                     .build()
                     .unwrap();
                 let mut acknowledged = Vec::new();
@@ -771,7 +771,7 @@ async fn a_plain_call_on_a_shared_connection_waits_behind_a_durable_one() {
     let engine = |store: RedisStore| {
         Idem::builder()
             .store(store)
-            .step_timeout(Duration::from_secs(30))
+            .store_timeout(Duration::from_secs(30))
             .build()
             .unwrap()
     };

@@ -292,7 +292,7 @@ async fn behind_proxy() -> Option<(support::TcpProxy, Arc<dyn Store>, Arc<dyn St
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn black_holed_claim_answers_within_the_step_timeout() {
+async fn black_holed_claim_answers_within_the_store_timeout() {
     let Some((proxy, store, _)) = behind_proxy().await else {
         return;
     };
@@ -301,7 +301,7 @@ async fn black_holed_claim_answers_within_the_step_timeout() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn black_holed_release_answers_within_the_step_timeout() {
+async fn black_holed_release_answers_within_the_store_timeout() {
     let Some((proxy, store, _)) = behind_proxy().await else {
         return;
     };
@@ -310,7 +310,7 @@ async fn black_holed_release_answers_within_the_step_timeout() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn black_holed_extends_and_complete_answer_within_the_step_timeout() {
+async fn black_holed_extends_and_complete_answer_within_the_store_timeout() {
     let Some((proxy, store, _)) = behind_proxy().await else {
         return;
     };

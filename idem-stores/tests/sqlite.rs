@@ -357,12 +357,12 @@ fn temporary(err: &Error) -> &StoreError {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_locked_file_ends_a_claim_at_the_step_timeout() {
+async fn a_locked_file_ends_a_claim_at_the_store_timeout() {
     let s = fresh().await;
     let writer = lock_file(&s.store).await;
     let idem = Idem::builder()
         .store(s.store.clone())
-        .step_timeout(STEP)
+        .store_timeout(STEP)
         .build()
         .unwrap();
     let runs = AtomicU64::new(0);
@@ -386,7 +386,7 @@ async fn a_locked_file_ends_a_claim_at_the_step_timeout() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_busy_timeout_below_the_step_timeout_says_the_database_is_locked() {
+async fn a_busy_timeout_below_the_store_timeout_says_the_database_is_locked() {
     let dir = tempfile::tempdir().unwrap();
     let busy = Duration::from_millis(150);
     let store = SqliteStore::builder()
@@ -400,7 +400,7 @@ async fn a_busy_timeout_below_the_step_timeout_says_the_database_is_locked() {
     // SQLite's busy handler that answers, not the engine's timer.
     let idem = Idem::builder()
         .store(store.clone())
-        .step_timeout(Duration::from_secs(5))
+        .store_timeout(Duration::from_secs(5))
         .build()
         .unwrap();
     let started = std::time::Instant::now();

@@ -46,7 +46,7 @@
 
 use serde::ser::{self, Serialize};
 
-use super::scratch::Spare;
+use super::name_order::Spare;
 
 /// The derive_key context of a key id: a key id and a fingerprint of the same value differ,
 /// so one can never be mistaken for the other.

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::ser::Serialize;
 
 mod encoding;
+mod name_order;
 mod scratch;
 #[cfg(test)]
 mod tests;

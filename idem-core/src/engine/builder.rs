@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    Idem, InProgress, Inner, LeaseLoss, DEFAULT_LEASE, DEFAULT_STEP_TIMEOUT, DEFAULT_TTL,
+    Idem, InProgress, Inner, LeaseLoss, DEFAULT_LEASE, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL,
     DEFAULT_WAIT_TIMEOUT, MAX_DURATION, MIN_DURATION,
 };
 use crate::cache::LocalCache;
@@ -16,7 +16,7 @@ use super::resolve::{Reconciler, Resolution, Unresolved};
 
 /// Builds an [`Idem`]: `Idem::builder().store(s).ttl(...).build()`.
 ///
-/// Every duration (`ttl`, `lease`, `wait_timeout`, `step_timeout`, `retry_after`) must lie
+/// Every duration (`ttl`, `lease`, `wait_timeout`, `store_timeout`, `retry_after`) must lie
 /// between 1 ms and 100 years; `build` refuses one that does not.
 #[derive(Debug, Default)]
 #[must_use]
@@ -27,7 +27,7 @@ pub struct IdemBuilder {
     lease: Option<Duration>,
     in_progress: InProgress,
     wait_timeout: Option<Duration>,
-    step_timeout: Option<Duration>,
+    store_timeout: Option<Duration>,
     retry_after: Option<Duration>,
     lease_loss: LeaseLoss,
     local_cache: Option<(usize, Duration)>,
@@ -113,18 +113,18 @@ impl IdemBuilder {
         self
     }
 
-    /// The longest wait for one store step (default 5 seconds): a claim, a complete, an
+    /// The longest wait for one store operation (default 5 seconds): a claim, a complete, an
     /// extend, a release (also the background release of a dropped call), and the delete of
-    /// [`Idem::forget`]; a waiting duplicate's [`Store::wait`] gets its pause plus this. A step that runs out
-    /// of time is abandoned and answers
-    /// [`StoreError::Timeout`](crate::StoreError::Timeout) naming the step and the backend, a temporary failure. The
+    /// [`Idem::forget`]; a waiting duplicate's [`Store::wait`] gets its pause plus this. An operation that runs
+    /// out of time is abandoned and answers
+    /// [`StoreError::Timeout`](crate::StoreError::Timeout) naming the operation and the backend, a temporary failure. The
     /// heartbeat tries again at its next beat; a complete is tried again while the lease
     /// runs. Keep the store's own timeouts (pool acquire, connect, command) at or below it:
-    /// a store that bounds each step itself within it ([`Store::step_bound`], the Redis
-    /// store by its command timeout) then runs each step under that bound alone, without a
+    /// a store that bounds each operation itself within it ([`Store::step_bound`], the
+    /// Redis store by its command timeout) then runs each one under that bound alone, without a
     /// second timer.
-    pub fn step_timeout(mut self, timeout: Duration) -> Self {
-        self.step_timeout = Some(timeout);
+    pub fn store_timeout(mut self, timeout: Duration) -> Self {
+        self.store_timeout = Some(timeout);
         self
     }
 
@@ -200,14 +200,14 @@ impl IdemBuilder {
         let ttl = self.ttl.unwrap_or(DEFAULT_TTL);
         let lease = self.lease.unwrap_or(DEFAULT_LEASE);
         let wait_timeout = self.wait_timeout.unwrap_or(DEFAULT_WAIT_TIMEOUT);
-        let step_timeout = self.step_timeout.unwrap_or(DEFAULT_STEP_TIMEOUT);
+        let store_timeout = self.store_timeout.unwrap_or(DEFAULT_STORE_TIMEOUT);
         let hold_ttl = self.hold_ttl.unwrap_or(MAX_DURATION);
         let retry_after = self.retry_after.map(|d| ("retry_after", d));
         for (name, d) in [
             ("ttl", ttl),
             ("lease", lease),
             ("wait_timeout", wait_timeout),
-            ("step_timeout", step_timeout),
+            ("store_timeout", store_timeout),
             ("hold_ttl", hold_ttl),
         ]
         .into_iter()
@@ -228,7 +228,7 @@ impl IdemBuilder {
                 lease,
                 in_progress: self.in_progress,
                 wait_timeout,
-                step_timeout,
+                store_timeout,
                 retry_after: self.retry_after,
                 lease_loss: self.lease_loss,
                 reconciler: self.reconciler.map(|hook| hook.0),

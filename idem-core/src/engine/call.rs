@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use super::{Idem, Origin, Outcome};
+use super::builder::check_duration;
+use super::observe::StoreClock;
+use super::store_op::StoreOps;
+use super::{Idem, Inner, Origin, Outcome};
 use crate::codec::{BuiltinCodec, Codec};
 use crate::error::Error;
 use crate::key::Key;
@@ -326,5 +329,48 @@ impl<C: Codec> Answers for CallWithOutcome<'_, C> {
     }
     fn answer<T>(value: T, origin: Origin) -> Outcome<T> {
         Outcome::new(value, origin)
+    }
+}
+
+impl Options {
+    /// The context of the call's store operations: these options with the engine's defaults
+    /// filled in, each within what stores and clocks keep ([`Error::InvalidOption`] if not).
+    pub(super) fn resolve<'c>(
+        &self,
+        inner: &'c Inner,
+        key: &'c Key,
+        fingerprint: Fingerprint,
+        clock: &'c StoreClock,
+    ) -> Result<StoreOps<'c>, Error> {
+        let call = StoreOps {
+            store: &*inner.store,
+            clock,
+            store_timeout: inner.store_timeout,
+            key,
+            fingerprint,
+            ttl: self.ttl.unwrap_or(inner.ttl),
+            lease: self.lease.unwrap_or(inner.lease),
+            mode: self.in_progress.unwrap_or(inner.in_progress),
+            wait_timeout: self.wait_timeout.unwrap_or(inner.wait_timeout),
+            retry_after: self.retry_after.or(inner.retry_after),
+            lease_loss: self.lease_loss.unwrap_or(inner.lease_loss),
+        };
+        // Only the call's own: the engine's were checked when it was built.
+        let asked = [
+            ("ttl", self.ttl),
+            ("lease", self.lease),
+            ("wait_timeout", self.wait_timeout),
+            ("retry_after", self.retry_after),
+        ];
+        for (option, d) in asked.into_iter().filter_map(|(o, d)| Some((o, d?))) {
+            if let Err(reason) = check_duration(d) {
+                return Err(Error::InvalidOption {
+                    key: key.clone(),
+                    option,
+                    reason: format!("{d:?}: {reason}"),
+                });
+            }
+        }
+        Ok(call)
     }
 }

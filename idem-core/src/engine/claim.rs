@@ -1,4 +1,4 @@
-//! The claim: one atomic store step that acquires the key, answers its stored result, or
+//! The claim: one atomic store operation that acquires the key, answers its stored result, or
 //! says another call holds it; in wait mode, repeated until the holder finishes.
 
 use std::time::Duration;
@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
-use super::step::{wait_step, Steps};
+use super::store_op::{wait_op, StoreOps};
 use super::{retry_hint, InProgress, MIN_DURATION};
 use crate::error::Error;
 use crate::store::{Claim, Fence, Fingerprint, Token};
@@ -60,7 +60,7 @@ pub(super) enum Claimed {
 /// while another call holds it. A fingerprint that does not match the holder's is
 /// [`Error::KeyReuse`]. In [`InProgress::Reject`] mode the answer is [`Error::InProgress`],
 /// its hint bounded by [`retry_hint`].
-pub(super) async fn claim_or_wait(call: &Steps<'_>) -> Result<Claimed, Error> {
+pub(super) async fn claim_or_wait(call: &StoreOps<'_>) -> Result<Claimed, Error> {
     let (store, key, fp, lease) = (call.store, call.key, call.fingerprint, call.lease);
     let mut polls = Polls::new();
     let mut started = None;
@@ -81,21 +81,7 @@ pub(super) async fn claim_or_wait(call: &Steps<'_>) -> Result<Claimed, Error> {
                 token,
                 recovered,
                 fence,
-            } => {
-                if recovered {
-                    tracing::warn!(target: "idem", key = %key, token = %token, fence = fence.get(),
-                        "took over a claim whose lease had ended: its holder stopped or stalled");
-                } else {
-                    tracing::debug!(target: "idem", key = %key, token = %token, fence = fence.get(), "claimed");
-                }
-                // Only a store that promises increasing fences hands the body one.
-                let fence = store.capabilities().assigns_fences.then_some(fence);
-                return Ok(Claimed::Ours {
-                    token,
-                    leased_at: sent_at,
-                    fence,
-                });
-            }
+            } => return Ok(acquired(call, token, recovered, fence, sent_at)),
             Claim::Completed {
                 fingerprint,
                 payload,
@@ -114,40 +100,78 @@ pub(super) async fn claim_or_wait(call: &Steps<'_>) -> Result<Claimed, Error> {
                 retry_after,
             } => (fingerprint, retry_after),
         };
-        if !fp.matches(&fingerprint) {
-            return Err(Error::KeyReuse { key: key.clone() });
-        }
-        if call.mode == InProgress::Reject {
-            // The store answers the holder's remaining lease; the hint is shorter, as a
-            // holder usually finishes long before its lease ends.
-            return Err(Error::InProgress {
-                key: key.clone(),
-                retry_after: retry_hint(call.retry_after, lease, remaining),
-            });
-        }
-        let waited = started.elapsed();
-        if waited >= call.wait_timeout {
-            return Err(Error::WaitTimeout {
-                key: key.clone(),
-                waited,
-            });
-        }
-        let left = call.wait_timeout - waited;
-        // Woken on change, the lease end is the latest useful look; else the next poll.
-        let pause = if store.capabilities().wakes_waiters {
-            remaining.max(MIN_DURATION).min(left)
-        } else {
-            let poll = polls.next(Token::random().0);
-            poll.min(remaining.max(MIN_DURATION)).min(left)
-        };
-        tracing::trace!(target: "idem", key = %key, ?pause, "waiting for the holder");
-        // The store's wait is told to return within `pause`; the step timeout on top bounds
-        // one that does not.
-        let limit = pause + call.step_timeout;
-        wait_step(store, call.clock, limit, store.wait(key, pause))
-            .await
-            .map_err(|source| call.error(source))?;
+        wait_for_holder(call, &mut polls, started, (fingerprint, remaining)).await?;
     }
+}
+
+/// The claim acquired the key (`recovered`: from a holder whose lease had ended), leased
+/// from `sent_at`: what the run holds.
+fn acquired(
+    call: &StoreOps<'_>,
+    token: Token,
+    recovered: bool,
+    fence: Fence,
+    sent_at: Instant,
+) -> Claimed {
+    let (store, key) = (call.store, call.key);
+    if recovered {
+        tracing::warn!(target: "idem", key = %key, token = %token, fence = fence.get(),
+            "took over a claim whose lease had ended: its holder stopped or stalled");
+    } else {
+        tracing::debug!(target: "idem", key = %key, token = %token, fence = fence.get(), "claimed");
+    }
+    // Only a store that promises increasing fences hands the body one.
+    let fence = store.capabilities().assigns_fences.then_some(fence);
+    Claimed::Ours {
+        token,
+        leased_at: sent_at,
+        fence,
+    }
+}
+
+/// The key is held by a call with `fingerprint` whose lease runs for `remaining`: in
+/// [`InProgress::Wait`] mode, waits for a change (the call's wait timeout counted from
+/// `started`); else, or once the wait is over, answers why the call cannot run.
+async fn wait_for_holder(
+    call: &StoreOps<'_>,
+    polls: &mut Polls,
+    started: Instant,
+    (fingerprint, remaining): (Fingerprint, Duration),
+) -> Result<(), Error> {
+    let (store, key, fp, lease) = (call.store, call.key, call.fingerprint, call.lease);
+    if !fp.matches(&fingerprint) {
+        return Err(Error::KeyReuse { key: key.clone() });
+    }
+    if call.mode == InProgress::Reject {
+        // The store answers the holder's remaining lease; the hint is shorter, as a
+        // holder usually finishes long before its lease ends.
+        return Err(Error::InProgress {
+            key: key.clone(),
+            retry_after: retry_hint(call.retry_after, lease, remaining),
+        });
+    }
+    let waited = started.elapsed();
+    if waited >= call.wait_timeout {
+        return Err(Error::WaitTimeout {
+            key: key.clone(),
+            waited,
+        });
+    }
+    let left = call.wait_timeout - waited;
+    // Woken on change, the lease end is the latest useful look; else the next poll.
+    let pause = if store.capabilities().wakes_waiters {
+        remaining.max(MIN_DURATION).min(left)
+    } else {
+        let poll = polls.next(Token::random().0);
+        poll.min(remaining.max(MIN_DURATION)).min(left)
+    };
+    tracing::trace!(target: "idem", key = %key, ?pause, "waiting for the holder");
+    // The store's wait is told to return within `pause`; the store timeout on top bounds
+    // one that does not.
+    let limit = pause + call.store_timeout;
+    wait_op(store, call.clock, limit, store.wait(key, pause))
+        .await
+        .map_err(|source| call.error(source))
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! What happens to a body's outcome: which errors are kept ([`ErrorPolicy`]), the check that
 //! a result comes back unchanged through its codec, and the bounded retries of the complete
-//! step that stores it.
+//! operation that stores it.
 
 use std::time::Duration;
 
@@ -8,7 +8,8 @@ use bytes::Bytes;
 use serde::{de::DeserializeOwned, Serialize};
 use tokio::time::Instant;
 
-use super::step::{step, store_error, Steps};
+use super::store_op::{store_error, store_op, StoreOps};
+use crate::cache::SharedValue;
 use crate::codec::Codec;
 use crate::digest;
 use crate::envelope::{self, Kind};
@@ -65,19 +66,19 @@ where
     })
 }
 
-/// Stores the sealed result: each attempt bounded by the step timeout, temporary failures
+/// Stores the sealed result: each attempt bounded by the store timeout, temporary failures
 /// tried again with short backoff until `lease_ends` (the end of the lease as this process
 /// last secured it). Past that, another caller may hold the key, and the store fences a late
 /// attempt anyway; the caller then sees `Error::Store` and the record stays unfinished until
 /// its lease ends. The first attempt is always made, since an extend whose answer was lost
 /// may have kept the lease alive.
 pub(super) async fn store_result(
-    call: &Steps<'_>,
+    call: &StoreOps<'_>,
     token: Token,
     sealed: &Bytes,
     lease_ends: Instant,
 ) -> Result<(), Error> {
-    let (store, key, step_timeout) = (call.store, call.key, call.step_timeout);
+    let (store, key, store_timeout) = (call.store, call.key, call.store_timeout);
     let mut attempt = 1u32;
     let mut backoff = FIRST_COMPLETE_BACKOFF;
     // The error of the attempt before, if it failed: the cause a later attempt cut short by
@@ -86,13 +87,13 @@ pub(super) async fn store_result(
     loop {
         let left = lease_ends.saturating_duration_since(Instant::now());
         let limit = if attempt == 1 && left.is_zero() {
-            step_timeout
+            store_timeout
         } else {
-            step_timeout.min(left)
+            store_timeout.min(left)
         };
-        let cut = limit < step_timeout;
+        let cut = limit < store_timeout;
         let complete = store.complete(key, token, sealed.clone(), call.ttl);
-        let res = step(store, call.clock, "complete", limit, complete).await;
+        let res = store_op(store, call.clock, "complete", limit, complete).await;
         match res {
             Ok(()) => return Ok(()),
             Err(StoreError::Fenced) => {
@@ -197,9 +198,6 @@ pub struct Share<T> {
     pub(crate) keep: fn(&T) -> SharedValue,
     pub(crate) clone_out: fn(&SharedValue) -> Option<T>,
 }
-
-/// A decoded result held by the local cache.
-pub type SharedValue = std::sync::Arc<dyn std::any::Any + Send + Sync>;
 
 impl<T: Clone + Send + Sync + 'static> Share<T> {
     /// The sharing functions of `T`.

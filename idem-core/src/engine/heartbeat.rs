@@ -7,7 +7,7 @@ use std::task::Poll;
 
 use tokio::time::Instant;
 
-use super::step::{poll_once, Steps};
+use super::store_op::{poll_once, StoreOps};
 use super::{LeaseLoss, MIN_DURATION};
 use crate::error::StoreError;
 use crate::store::Token;
@@ -46,7 +46,7 @@ impl LeaseMark {
 }
 
 /// Polls `body` to completion while extending the lease every third of its length. Each
-/// extend is bounded by the step timeout: one that hangs is abandoned, and the next beat
+/// extend is bounded by the store timeout: one that hangs is abandoned, and the next beat
 /// tries again, so one stuck connection does not stop the heartbeat.
 ///
 /// The lease is lost when the store fences an extend. With [`LeaseLoss::Cancel`] it is
@@ -59,7 +59,7 @@ impl LeaseMark {
 ///
 /// `mark`, when given, follows the start of the lease last secured.
 pub(super) async fn with_heartbeat<O>(
-    call: &Steps<'_>,
+    call: &StoreOps<'_>,
     token: Token,
     leased_at: Instant,
     mark: Option<&LeaseMark>,

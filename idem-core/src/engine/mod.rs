@@ -1,14 +1,30 @@
 //! The `Idem` engine: claim, run once, store, replay.
 //!
-//! Each file holds one part: [`builder`] the engine's defaults, [`call`] one call's options,
-//! [`run`] the ways to run a body, [`execute`] the state machine every run goes through,
-//! [`claim`] the claim and the wait for a concurrent holder, [`context`] what a running
-//! body can ask of its call (its fence), [`complete`] how a result is
-//! checked and stored, [`release`] the guard that gives a claim back, [`heartbeat`] the lease
-//! extension while the body runs, [`step`] the time bound on every store step, [`journal`]
-//! the user's steps inside a body (what they record, and the marks of at-most-once steps
-//! and calls), [`resolve`] how a step whose outcome is unknown is resolved, [`observe`]
-//! the span's outcome and the metrics, and [`outcome`] the replay signal.
+//! Each file holds one part:
+//!
+//! - [`builder`]: the engine's defaults and their checks.
+//! - [`call`]: one call's options, and those options resolved against the defaults.
+//! - [`run`]: the ways to run a body (`run`, `run_fallible`, ...).
+//! - [`execute`]: the state machine every run goes through: key, options, local cache,
+//!   claim, replay or first run.
+//! - [`first_run`]: a run under the claim it took: the body, then the claim given back,
+//!   the key held, or the outcome stored.
+//! - [`claim`]: the claim, and the wait for a concurrent holder.
+//! - [`context`]: what a running body can ask of its call (its fence).
+//! - [`complete`]: how an outcome is checked and stored.
+//! - [`release`]: the guard that gives a claim back.
+//! - [`heartbeat`]: the lease extension while the body runs.
+//! - [`store_op`](mod@store_op): a store operation: the time bound on every round trip to the store,
+//!   and how a store failure reads to the caller.
+//! - [`journal`]: what the user's steps inside one attempt share and leave, and the marks
+//!   of at-most-once calls.
+//! - [`step`](mod@step): the step API a body calls ([`step()`], [`Step`], [`step_key`],
+//!   [`step_record`]).
+//! - [`step_run`]: what running one step does against the store.
+//! - [`resolve`]: how a step whose outcome is unknown is resolved, by a person or the
+//!   reconcile hook; [`resolver`] the compare-and-set writes of one resolution.
+//! - [`observe`]: the span's outcome and the metrics.
+//! - [`outcome`]: the replay signal ([`Outcome`], [`Origin`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,27 +41,28 @@ mod claim;
 mod complete;
 mod context;
 mod execute;
+mod first_run;
 mod heartbeat;
 mod journal;
 mod observe;
 mod outcome;
 mod release;
 mod resolve;
+mod resolver;
 pub(crate) mod run;
 mod step;
+mod step_run;
+mod store_op;
 
 pub use builder::IdemBuilder;
 pub use call::{Answers, Call, CallWithOutcome, InProgress, LeaseLoss, MissingKey, RequestPrint};
-pub use complete::{Share, SharedValue, ValueEq, ValueOps};
+pub use complete::{Share, ValueEq, ValueOps};
 pub use context::fence;
-pub use journal::{
-    step, step_key, step_record, Ambiguous, NeverUnknown, Step, StepRecord, MAX_STEP_NAME_LEN,
-};
-pub(crate) use journal::{step_name_is_valid, step_record_key};
 pub use outcome::{Origin, Outcome};
 pub use resolve::{Resolution, Resolved, Unresolved};
+pub use step::{step, step_key, step_record, Ambiguous, NeverUnknown, Step, StepRecord};
 
-use step::step as store_step;
+use store_op::store_op;
 
 /// The default time a stored result lives: 24 hours.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
@@ -56,9 +73,9 @@ pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest retry-after hint an [`Error::InProgress`] gives by default: 1 second, or a
 /// tenth of the call's lease when that is shorter (see [`IdemBuilder::retry_after`]).
 pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
-/// The default longest wait for one store step (claim, complete, extend, release, get,
+/// The default longest wait for one store operation (claim, complete, extend, release, get,
 /// delete), the store's wait for a free connection included.
-pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(5);
+pub const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The shortest ttl or lease accepted: stores keep time in milliseconds.
 const MIN_DURATION: Duration = Duration::from_millis(1);
@@ -101,7 +118,7 @@ struct Inner {
     lease: Duration,
     in_progress: InProgress,
     wait_timeout: Duration,
-    step_timeout: Duration,
+    store_timeout: Duration,
     /// The retry-after hint asked for, if any; else [`retry_hint`]'s default.
     retry_after: Option<Duration>,
     lease_loss: LeaseLoss,
@@ -123,7 +140,7 @@ impl std::fmt::Debug for Idem {
             .field("lease", &self.inner.lease)
             .field("in_progress", &self.inner.in_progress)
             .field("wait_timeout", &self.inner.wait_timeout)
-            .field("step_timeout", &self.inner.step_timeout)
+            .field("store_timeout", &self.inner.store_timeout)
             .field("retry_after", &self.inner.retry_after)
             .field("lease_loss", &self.inner.lease_loss)
             .field("local_cache", &self.inner.cache.is_some())
@@ -161,9 +178,9 @@ impl Idem {
         self.inner.lease
     }
 
-    /// The longest wait for one store step.
-    pub fn step_timeout(&self) -> Duration {
-        self.inner.step_timeout
+    /// The longest wait for one store operation.
+    pub fn store_timeout(&self) -> Duration {
+        self.inner.store_timeout
     }
 
     /// Starts a call under `key` whose payload is `fingerprint`; its other options can
@@ -262,9 +279,9 @@ impl Idem {
         holds_only: bool,
     ) -> Result<bool, Error> {
         let (store, clock) = (&*self.inner.store, observe::StoreClock::default());
-        let limit = self.inner.step_timeout;
-        let on = |source| step::store_error(record, source);
-        match store_step(store, &clock, "get", limit, store.get(record))
+        let limit = self.inner.store_timeout;
+        let on = |source| store_op::store_error(record, source);
+        match store_op(store, &clock, "get", limit, store.get(record))
             .await
             .map_err(on)?
         {
@@ -281,16 +298,16 @@ impl Idem {
                 }
                 if !store.capabilities().replaces_records {
                     let delete = store.delete(record);
-                    return store_step(store, &clock, "delete", limit, delete)
+                    return store_op(store, &clock, "delete", limit, delete)
                         .await
                         .map_err(on);
                 }
                 let replace = store.replace(record, &payload, None);
-                store_step(store, &clock, "replace", limit, replace)
+                store_op(store, &clock, "replace", limit, replace)
                     .await
                     .map_err(on)
             }
-            None => store_step(store, &clock, "delete", limit, store.delete(record))
+            None => store_op(store, &clock, "delete", limit, store.delete(record))
                 .await
                 .map_err(on)
                 .map(|_| false),
@@ -302,9 +319,9 @@ impl Idem {
             cache.remove(key);
         }
         let store = &*self.inner.store;
-        let (clock, limit) = (observe::StoreClock::default(), self.inner.step_timeout);
-        let on = |source| step::store_error(key, source);
-        let record = store_step(store, &clock, "get", limit, store.get(key))
+        let (clock, limit) = (observe::StoreClock::default(), self.inner.store_timeout);
+        let on = |source| store_op::store_error(key, source);
+        let record = store_op(store, &clock, "get", limit, store.get(key))
             .await
             .map_err(on)?;
         let held = match &record {
@@ -323,11 +340,11 @@ impl Idem {
             // Only the result that was read: a claim taken since is not deleted with it.
             Some(Record::Completed { payload, .. }) if store.capabilities().replaces_records => {
                 let replace = store.replace(key, &payload, None);
-                store_step(store, &clock, "replace", limit, replace)
+                store_op(store, &clock, "replace", limit, replace)
                     .await
                     .map_err(on)?
             }
-            _ => store_step(store, &clock, "delete", limit, store.delete(key))
+            _ => store_op(store, &clock, "delete", limit, store.delete(key))
                 .await
                 .map_err(on)?,
         };

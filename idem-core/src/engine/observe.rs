@@ -1,6 +1,6 @@
 //! What an operator sees of each call: the `idem.call` span (scope, key id, outcome, time
 //! in the store) and, with the `metrics` feature, counters, a histogram and a gauge through
-//! the `metrics` facade. Labels are bounded: a scope, an outcome, a step, a backend; never a
+//! the `metrics` facade. Labels are bounded: a scope, an outcome, a step or a store operation, a backend; never a
 //! key id, which is client-chosen and unbounded.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,18 +10,18 @@ use super::execute::Happened;
 use crate::error::Error;
 use crate::key::Key;
 
-/// The time one call has spent in store steps so far: every store step goes through
-/// [`step`](super::step::step), which adds to the clock of its call. Atomic so that the
+/// The time one call has spent in store operations so far: every one goes through
+/// [`store_op`](super::store_op::store_op), which adds to the clock of its call. Atomic so that the
 /// futures that hold it stay `Send`; it is never contended (one call, one clock).
 pub(super) struct StoreClock {
     nanos: AtomicU64,
     /// Whether anything reads the time: the call's span (when a subscriber wants it) or
-    /// the `metrics` histogram. When nothing does, a step reads no clock for it.
+    /// the `metrics` histogram. When nothing does, an operation reads no clock for it.
     wanted: bool,
 }
 
 impl Default for StoreClock {
-    /// A clock for a step outside a call (a `forget`, a release in the background): read
+    /// A clock for an operation outside a call (a `forget`, a release in the background): read
     /// only for the `metrics` histogram.
     fn default() -> Self {
         StoreClock {
@@ -76,19 +76,20 @@ pub(super) fn outcome_label<T, E>(happened: &Result<Happened<T, E>, Error>) -> &
     }
 }
 
-/// Adds one store step's time to the call's clock and, with `metrics`, to the histogram.
-pub(super) fn store_step(
+/// Adds one store operation's time to the call's clock and, with `metrics`, to the histogram
+/// (named `idem_store_step_seconds`, its label `step`: the names operators' dashboards know).
+pub(super) fn time_store_op(
     clock: &StoreClock,
     backend: &'static str,
-    step: &'static str,
+    op: &'static str,
     took: Duration,
 ) {
     clock.add(took);
     #[cfg(feature = "metrics")]
-    metrics::histogram!("idem_store_step_seconds", "step" => step, "backend" => backend)
+    metrics::histogram!("idem_store_step_seconds", "step" => op, "backend" => backend)
         .record(took.as_secs_f64());
     #[cfg(not(feature = "metrics"))]
-    let _ = (backend, step);
+    let _ = (backend, op);
 }
 
 /// A call found its key held by a step whose outcome is unknown: a warning, and with

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::observe::StoreClock;
-use super::step::step;
+use super::store_op::store_op;
 use crate::key::Key;
 use crate::store::{Store, Token};
 
@@ -12,7 +12,7 @@ use crate::store::{Store, Token};
 /// the body, or the caller dropping the future.
 pub(super) struct ReleaseGuard {
     store: Arc<dyn Store>,
-    step_timeout: Duration,
+    store_timeout: Duration,
     key: Key,
     token: Option<Token>,
     /// Asked before a release on a drop or a panic: `true` keeps the claim instead.
@@ -23,13 +23,13 @@ impl ReleaseGuard {
     /// A guard that releases `token`'s claim of `key` unless disarmed.
     pub(super) fn new(
         store: Arc<dyn Store>,
-        step_timeout: Duration,
+        store_timeout: Duration,
         key: Key,
         token: Token,
     ) -> Self {
         ReleaseGuard {
             store,
-            step_timeout,
+            store_timeout,
             key,
             token: Some(token),
             keep: None,
@@ -63,11 +63,11 @@ impl ReleaseGuard {
         // guard still releases in the background.
         if let Some(token) = self.token {
             let store = &*self.store;
-            let res = step(
+            let res = store_op(
                 store,
                 clock,
                 "release",
-                self.step_timeout,
+                self.store_timeout,
                 store.release(&self.key, token),
             )
             .await;
@@ -95,13 +95,15 @@ impl Drop for ReleaseGuard {
                 "the call was dropped or panicked after a step that may have acted without its record; its claim ends with its lease");
             return;
         }
-        let (store, key, limit) = (self.store.clone(), self.key.clone(), self.step_timeout);
+        let (store, key, limit) = (self.store.clone(), self.key.clone(), self.store_timeout);
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 handle.spawn(async move {
                     let store = &*store;
                     let clock = StoreClock::default();
-                    match step(store, &clock, "release", limit, store.release(&key, token)).await {
+                    match store_op(store, &clock, "release", limit, store.release(&key, token))
+                        .await
+                    {
                         Ok(()) => tracing::debug!(target: "idem", key = %key, token = %token,
                             "released after the call was dropped or panicked"),
                         Err(e) => {

@@ -3,7 +3,7 @@
 //!
 //! A hold sits on two records: the step's (`<scope>#step:<name>/<id>`) and the call's key.
 //! A resolution replaces the step's hold by the value it ran with (or deletes it: not ran),
-//! then deletes the key's hold. Each of the two is a [`Store::replace`] that compares the
+//! then deletes the key's hold. Each of the two is a [`Store::replace`](crate::Store::replace) that compares the
 //! record with the hold it read, so a resolution never overwrites what another resolution
 //! wrote, and never deletes the claim of an attempt that started since: of many resolvers
 //! racing, one writes and the others find the step no longer held. In one process the hook
@@ -21,13 +21,14 @@ use tokio::time::Instant;
 
 use super::journal::provider_key;
 use super::observe::StoreClock;
-use super::step::{step as store_step, store_error};
+use super::resolver::{Pinned, Resolver};
+use super::store_op::{store_error, store_op};
 use super::Idem;
 use crate::codec::Json;
 use crate::envelope::{self, Kind};
 use crate::error::Error;
 use crate::key::Key;
-use crate::store::{Claim, Record, Store, Token};
+use crate::store::Record;
 
 /// How often a resolution looks again when a record changed between its look and its write.
 const RESOLVE_ATTEMPTS: u32 = 5;
@@ -126,7 +127,7 @@ impl Idem {
     /// the steps that completed and runs the rest.
     ///
     /// The step's record is written first and the key's hold lifted after, each only while
-    /// it is still the hold that was read ([`Store::replace`]): a resolution cut short is
+    /// it is still the hold that was read ([`Store::replace`](crate::Store::replace)): a resolution cut short is
     /// repeated safely, two resolutions racing each other write once (the other answers
     /// [`Resolved::NotHeld`] or [`Resolved::AlreadyResolved`]), and a resolution never touches
     /// the claim of an attempt that started since. A value written for `Ran` lives for the
@@ -205,10 +206,10 @@ impl Idem {
             )),
             Resolution::NotRan => None,
         };
-        let steps = Resolver {
+        let resolver = Resolver {
             store,
             clock: StoreClock::default(),
-            limit: inner.step_timeout,
+            limit: inner.store_timeout,
             lease: inner.lease,
             ttl: inner.ttl,
         };
@@ -221,7 +222,7 @@ impl Idem {
             read: asked.is_some(),
         };
         for _ in 0..RESOLVE_ATTEMPTS {
-            let attempt = steps.attempt(key, &record_key, step, &mut pinned, &value);
+            let attempt = resolver.attempt(key, &record_key, step, &mut pinned, &value);
             let Some(done) = attempt.await? else {
                 continue;
             };
@@ -308,183 +309,10 @@ impl Idem {
         let store = &*self.inner.store;
         let clock = StoreClock::default();
         let get = store.get(key);
-        let record = store_step(store, &clock, "get", self.inner.step_timeout, get)
+        let record = store_op(store, &clock, "get", self.inner.store_timeout, get)
             .await
             .map_err(|source| store_error(key, source))?;
         Ok(matches!(record, Some(Record::Completed { payload, .. })
             if envelope::held_step(&payload).as_deref() == Some(step)))
-    }
-}
-
-/// The holds a resolution is about (see [`Idem::resolve_hold`]).
-struct Pinned {
-    key: Option<Bytes>,
-    step: Option<Bytes>,
-    /// Whether they were read (or given) yet.
-    read: bool,
-}
-
-/// What a resolution did to the step's record.
-enum Wrote {
-    /// It replaced the step's hold, or wrote its value.
-    Step,
-    /// Nothing was there to write (not ran, no record).
-    Nothing,
-    /// Another resolution's value (or the step's own) was there, left as it was.
-    Another,
-}
-
-/// The store steps of one resolution.
-struct Resolver<'s> {
-    store: &'s dyn Store,
-    clock: StoreClock,
-    limit: Duration,
-    lease: Duration,
-    ttl: Duration,
-}
-
-impl Resolver<'_> {
-    async fn run<T>(
-        &self,
-        key: &Key,
-        name: &'static str,
-        call: impl Future<Output = Result<T, crate::StoreError>>,
-    ) -> Result<T, Error> {
-        store_step(self.store, &self.clock, name, self.limit, call)
-            .await
-            .map_err(|source| store_error(key, source))
-    }
-
-    /// One look at the step's record and the key's, and the writes they call for: `None`
-    /// when a record changed between the look and a write (look again).
-    async fn attempt(
-        &self,
-        key: &Key,
-        record_key: &Key,
-        step: &str,
-        pinned: &mut Pinned,
-        value: &Option<Bytes>,
-    ) -> Result<Option<Resolved>, Error> {
-        let store = self.store;
-        let step_record = self.run(record_key, "get", store.get(record_key)).await?;
-        let key_record = self.run(key, "get", store.get(key)).await?;
-        if let Some(Record::InProgress {
-            lease_remaining, ..
-        }) = &key_record
-        {
-            // An attempt runs now: its step or body may yet finish, and a resolution would
-            // answer for what it has not seen.
-            return Err(Error::Step {
-                key: Some(key.clone()),
-                step: step.to_owned(),
-                reason: format!(
-                    "an attempt of the key is running (its claim has {lease_remaining:?} left); resolve once it has ended and the key is held"
-                ),
-            });
-        }
-        let key_hold = match key_record {
-            Some(Record::Completed {
-                fingerprint,
-                payload,
-            }) => match envelope::read_hold(&payload) {
-                Some(hold) if hold.step == step => Some((fingerprint, payload, hold.step_record)),
-                _ => None,
-            },
-            _ => None,
-        };
-        let step_hold = match &step_record {
-            Some(Record::Completed { payload, .. }) if envelope::held_step(payload).is_some() => {
-                Some(payload.clone())
-            }
-            _ => None,
-        };
-        let key_bytes = key_hold.as_ref().map(|(_, hold, _)| hold.clone());
-        if !pinned.read {
-            *pinned = Pinned {
-                key: key_bytes,
-                step: step_hold,
-                read: true,
-            };
-        } else {
-            // Only the holds this resolution is about: a newer one is another attempt's,
-            // whose step may have run since.
-            let newer_key = pinned.key.is_some() && key_bytes.is_some() && pinned.key != key_bytes;
-            let asked_gone = pinned.key.is_some() && key_bytes.is_none() && pinned.step.is_none();
-            let newer_step = match (&pinned.step, &step_hold) {
-                (Some(read), Some(now)) => read != now,
-                (None, Some(_)) => pinned.key.is_some() && pinned.key != key_bytes,
-                _ => false,
-            };
-            if newer_key || newer_step || asked_gone {
-                return Ok(Some(Resolved::NotHeld));
-            }
-            if pinned.step.is_none() {
-                pinned.step = step_hold;
-            }
-        }
-        // What this resolution did to the step's record: wrote it, found nothing to write
-        // (not ran, and no record: lifting the key's hold is the whole resolution), or found
-        // another resolution's value (or a run's), which it leaves.
-        let wrote = match step_record {
-            Some(Record::Completed { payload, .. }) if envelope::held_step(&payload).is_some() => {
-                let new = value.clone().map(|v| (v, self.ttl));
-                let replace = store.replace(record_key, &payload, new);
-                if !self.run(record_key, "replace", replace).await? {
-                    return Ok(None);
-                }
-                Wrote::Step
-            }
-            // A value: the step ran, or another resolution wrote it. Never overwritten.
-            Some(Record::Completed { .. }) => Wrote::Another,
-            Some(Record::InProgress {
-                lease_remaining, ..
-            }) => {
-                if key_hold.is_none() {
-                    // An attempt runs the step now: nothing is held.
-                    return Ok(Some(Resolved::NotHeld));
-                }
-                return Err(Error::Step {
-                    key: Some(key.clone()),
-                    step: step.to_owned(),
-                    reason: format!(
-                        "its record is still claimed, for {lease_remaining:?}, by the attempt whose outcome is unknown (it could not write its hold there); the key stays held: resolve again once that claim has ended"
-                    ),
-                });
-            }
-            None => match (value, &key_hold) {
-                (_, None) => return Ok(Some(Resolved::NotHeld)),
-                // Not ran, and no record to delete: the key's hold is all there is.
-                (None, Some(_)) => Wrote::Nothing,
-                // The step's hold was there and is gone: another resolution (as not ran)
-                // deleted it and has yet to lift the key's hold. Its answer stands.
-                (Some(_), Some((_, _, true))) => Wrote::Another,
-                // The step's record never got its hold: the value is written here.
-                (Some(value), Some((fingerprint, _, false))) => {
-                    let token = Token::random();
-                    let claim = store.claim(record_key, fingerprint, token, self.lease);
-                    match self.run(record_key, "claim", claim).await? {
-                        Claim::Acquired { .. } => {
-                            let complete =
-                                store.complete(record_key, token, value.clone(), self.ttl);
-                            self.run(record_key, "complete", complete).await?;
-                            Wrote::Step
-                        }
-                        Claim::Completed { .. } | Claim::InProgress { .. } => return Ok(None),
-                    }
-                }
-            },
-        };
-        let lifted = match &key_hold {
-            Some((_, hold, _)) => {
-                let replace = store.replace(key, hold, None);
-                self.run(key, "replace", replace).await?
-            }
-            None => false,
-        };
-        Ok(Some(match (wrote, lifted) {
-            (Wrote::Step, _) | (Wrote::Nothing, true) => Resolved::Resolved,
-            (Wrote::Another, true) => Resolved::AlreadyResolved,
-            (_, false) => Resolved::NotHeld,
-        }))
     }
 }

@@ -15,9 +15,17 @@ use std::fmt;
 
 use serde::ser::{self, Impossible, Serialize};
 
-use super::KeyValue;
 use crate::key::{self, Key};
 use crate::Error;
+
+/// A value usable as a key: strings, integers, or any `Serialize` value.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be an idempotency key",
+    label = "this key is not a string, an integer or a `Serialize` value",
+    note = "a key is a string or an integer (kept readable) or any `serde::Serialize` value (digested): derive `Serialize` for `{Self}`, or key on one of its fields"
+)]
+pub trait KeyValue: Serialize {}
+impl<T: Serialize + ?Sized> KeyValue for T {}
 
 /// The key `key = <expr>` expands to: the readable or digested id of `value` in `scope`,
 /// or `Error::MissingKey` for `None`.

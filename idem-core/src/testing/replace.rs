@@ -1,11 +1,11 @@
 //! The behaviours of [`Store::replace`]: a completed record swapped or deleted only while it
-//! holds the payload the caller read, in one atomic step.
+//! holds the payload the caller read, in one atomic operation.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{acquire, claim_anew, fp, key, unique_scope, LONG, PAST_SHORT, SHORT};
+use super::support::{acquire, claim_anew, fp, key, unique_scope, LONG, PAST_SHORT, SHORT};
 use crate::{Claim, Record, Store};
 
 /// A store that sets `replaces_records` swaps a completed record only when its payload is

@@ -65,7 +65,7 @@ impl<D: Dialect> Default for SqlStoreBuilder<D> {
 impl<D: Dialect> SqlStoreBuilder<D> {
     /// The longest wait for a connection from the pool, opening a new one included
     /// (default 3 s). Keep it at or below the engine's step timeout
-    /// ([`IdemBuilder::step_timeout`](idem_core::IdemBuilder::step_timeout), default 5 s):
+    /// ([`IdemBuilder::store_timeout`](idem_core::IdemBuilder::store_timeout), default 5 s):
     /// a step then fails with the pool's own error rather than the engine's timeout.
     pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
         self.acquire_timeout = timeout.max(Duration::from_millis(1));

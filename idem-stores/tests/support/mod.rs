@@ -147,7 +147,7 @@ impl StoreWrapper for Recorded {
 pub fn engine(store: impl Store) -> Idem {
     Idem::builder()
         .store(store)
-        .step_timeout(STEP)
+        .store_timeout(STEP)
         .build()
         .unwrap()
 }
