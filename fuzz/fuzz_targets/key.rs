@@ -1,8 +1,8 @@
 //! Keys: arbitrary scope and id (split at the first 0xff byte) never panic in `Key::new`;
-//! a key is accepted exactly by DESIGN.md's rules, keeps its parts, shows without control
-//! characters, and two different (scope, id) pairs never share a stored form. The store's
-//! own encoders (Redis record keys, Postgres' NUL escaping) are exercised against live
-//! servers by `idem-integration/tests/reliability_keys.rs`.
+//! a key is accepted exactly by the rules of ARCHITECTURE.md ("Keys"), keeps its parts,
+//! shows without control characters, and two different (scope, id) pairs never share a
+//! stored form. The store's own encoders (Redis record keys, Postgres' NUL escaping) are
+//! exercised against live servers by `idem-integration/tests/reliability_keys.rs`.
 #![no_main]
 
 use idem::{Error, Key};

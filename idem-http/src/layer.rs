@@ -15,7 +15,7 @@ use crate::fingerprint::BodyFingerprint;
 use crate::identity::ClientIdentity;
 use crate::service::IdempotencyService;
 
-/// A [`tower::Layer`] that gives a service the semantics of the `Idempotency-Key` header
+/// A [`tower::Layer`](https://docs.rs/tower/0.5/tower/trait.Layer.html) that gives a service the semantics of the `Idempotency-Key` header
 /// (IETF draft-ietf-httpapi-idempotency-key-header) on any idem store.
 ///
 /// A guarded request (POST or PATCH by default) with a key runs the handler once per key
@@ -27,7 +27,7 @@ use crate::service::IdempotencyService;
 /// share something: its key space ([`scope`](Self::scope), its own on a store other
 /// services use too), and how a client is told ([`principal`](Self::principal), or the
 /// default credentials digest keyed with a secret of the deployment:
-/// [`ClientIdentity::keyed`]). Without them [`tower::Layer::layer`] panics when the router
+/// [`ClientIdentity::keyed`]). Without them [`tower::Layer::layer`](https://docs.rs/tower/0.5/tower/trait.Layer.html#tymethod.layer) panics when the router
 /// is built, naming what is missing; [`check`](Self::check) says the same without panicking.
 ///
 /// ```
@@ -260,7 +260,7 @@ impl IdempotencyLayer {
     }
 
     /// Whether the layer builds: `Err` names each choice still missing (the scope, or the
-    /// secret of the default client identity). [`tower::Layer::layer`] panics with the same
+    /// secret of the default client identity). [`tower::Layer::layer`](https://docs.rs/tower/0.5/tower/trait.Layer.html#tymethod.layer) panics with the same
     /// message, when the router is built.
     pub fn check(&self) -> Result<(), LayerSetupError> {
         let mut missing = Vec::new();

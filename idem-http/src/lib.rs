@@ -88,7 +88,10 @@
 //! instead.
 //!
 //! A key belongs to a client ([`ClientIdentity`]: by default a keyed digest of its
-//! credentials, or the principal your authentication layer found), so no client is ever
+//! credentials, the `Authorization`, `X-Api-Key`, `Api-Key`, `X-Auth-Token` and
+//! `X-Access-Token` headers (a signed scheme by its stable part), the `keyid` of the
+//! `Signature-Input` and `Signature` headers and the session cookies; or the principal
+//! your authentication layer found), so no client is ever
 //! served another's response; a request whose client the layer cannot tell is refused, and
 //! keys are shared only where the service says so ([`ClientIdentity::shared`]). Each
 //! service names its own key space ([`IdempotencyLayer::scope`]): the layer does not build

@@ -17,7 +17,7 @@ use idem::{Error, Fingerprint, Idem, Key, MemoryStore, Store, Token};
 use proptest::prelude::*;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
-/// The limits `Key::new` puts on a key's parts, in bytes.
+/// The limits ARCHITECTURE.md ("Keys") gives a key's parts, in bytes.
 const MAX_SCOPE_LEN: usize = 256;
 const MAX_ID_LEN: usize = 1024;
 

@@ -1,8 +1,8 @@
 //! Model-based test of the store contract, on every backend: proptest draws sequences of
 //! claim (new token or resent), complete, release, extend, get, delete and clock advances
 //! from three clients over three keys, runs them against the store, and checks every
-//! answer against a small reference model of the store contract as `Store`'s documentation
-//! states it (the model is `Model` below, a few dozen lines).
+//! answer against a small reference model of the store contract in ARCHITECTURE.md (the
+//! model is `Model` below, a few dozen lines).
 //!
 //! The keys are a call's, the record of one of its steps (`key.step("charge")`: what
 //! `idem::step` claims and completes, under the scope `<scope>#step:charge` and the call's

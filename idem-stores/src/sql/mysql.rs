@@ -1,4 +1,4 @@
-//! `MySqlStore`: records in one MySQL or MariaDB table (InnoDB), each store step one
+//! `MySqlStore`: records in one MySQL or MariaDB table (InnoDB), each store operation one
 //! statement (a first call: the read, the claim procedure and the complete, three round
 //! trips; a replay one), time from the server's clock.
 //!
@@ -33,8 +33,9 @@ use super::{
 /// Idempotency records in a MySQL or MariaDB table (default `idem_records`), on a sqlx
 /// [`MySqlPool`](sqlx::MySqlPool): the generic [`SqlStore`] in the MySQL dialect.
 ///
-/// Every step is one round trip: a first call costs 3 (read, claim, complete), a replay 1
-/// (the read answers with the stored result, without calling the procedure). Leases and expiry run on the server's clock
+/// A replay costs one round trip (the read answers with the stored result, without calling
+/// the procedure) and a first call three (the read, the claim procedure, the complete): each
+/// store operation is one statement. Leases and expiry run on the server's clock
 /// (`UTC_TIMESTAMP(3)`), never the client's. The claim is a stored procedure, so the
 /// database user needs `CREATE ROUTINE` to migrate and `EXECUTE` to claim.
 ///

@@ -1,5 +1,5 @@
-//! `PostgresStore`: records in one Postgres table, each store step one statement, time
-//! from the database's clock.
+//! `PostgresStore`: records in one Postgres table, each store operation one statement,
+//! time from the database's clock.
 //!
 //! A claim reads the record first with the plain `get` statement: a replay (or a duplicate
 //! of a call still running) is answered by that indexed read alone, with no row lock, no
@@ -29,10 +29,10 @@ use super::{
 /// Idempotency records in a Postgres table (default `idem_records`), on a sqlx
 /// [`PgPool`](sqlx::PgPool): the generic [`SqlStore`] in the Postgres dialect.
 ///
-/// Every store step is one statement and one round trip. A claim reads first: a replay costs 1
-/// (a plain indexed read that finds the stored result), a first call 3 (the read, the claim
-/// statement, complete). Leases and expiry run on the
-/// database's clock (`now()`), never the client's.
+/// A replay costs one round trip (a plain indexed read that finds the stored result) and a
+/// first call three (that read, the claim statement, the complete): each store operation
+/// is one statement. Leases and expiry run on the database's clock (`now()`), never the
+/// client's.
 ///
 /// [`connect`](SqlStore::connect) creates the table (safe from many processes at once); a
 /// store on your pool ([`new`](SqlStore::new)) needs [`migrate`](SqlStore::migrate) once.
