@@ -69,6 +69,7 @@
 //! [`guide`] walks through the rest, one chapter at a time: a first function, what a call
 //! does (in pictures), the full promise, keys, the engine API, steps (operations with
 //! several side effects), failures, stores, durability, HTTP, consumers, and operating idem.
+#![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::sync::OnceLock;

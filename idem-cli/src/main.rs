@@ -6,6 +6,7 @@
 //! Exit codes: 0 done; 1 the store failed or could not be reached; 2 bad usage (a bad URL,
 //! key, step name or flag); 3 this store cannot do that, or refused (a live claim, a step
 //! that is not held); 4 no record under the key.
+#![deny(missing_docs)]
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -4,6 +4,7 @@
 //! Most users depend on the `idem` crate, which re-exports all of this together with the
 //! `#[idempotent]` attribute and the store backends. Depend on `idem-core` directly to
 //! write a store backend; its conformance suite is in the module `testing` (feature `testing`).
+#![deny(missing_docs)]
 // No unsafe code in what users build (the workspace's lints deny it; here it is forbidden).
 // The conformance suite (feature `testing`, for test binaries only) has one `atexit` call,
 // to report skipped tests after libtest's summary.

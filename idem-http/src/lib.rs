@@ -107,6 +107,7 @@
 //! - `client`: `IdempotentClient`, the client half on `reqwest`: one key per logical
 //!   request, retried with the same key on what a retry can fix without a second run,
 //!   within a deadline. `rustls` adds reqwest's rustls TLS.
+#![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod body;

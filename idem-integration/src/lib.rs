@@ -7,6 +7,7 @@
 //! docs.rs as `idem::guide`): its examples name sqlx, redis and axum as a user writes them,
 //! so they run here as doctests, against this package's dev-dependencies:
 //! `cargo test -p idem-integration --all-features --doc guide`.
+#![deny(missing_docs)]
 
 #[cfg(doctest)]
 #[path = "../../src/guide/mod.rs"]

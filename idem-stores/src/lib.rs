@@ -4,6 +4,7 @@
 //! `redis-cluster`, `postgres`, `sqlite`, `mysql`, and TLS with `postgres-tls` and
 //! `redis-tls` (rustls on ring). [`connect`] picks one from a URL. The
 //! three SQL stores are one generic [`SqlStore`] in three dialects.
+#![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod admin;
