@@ -112,7 +112,7 @@ where
     let (mut parts, body) = req.into_parts();
     let header_key = match header_key(&config, &parts) {
         Ok(key) => key,
-        Err(Stop::Answer(res)) => return Ok(res),
+        Err(Stop::Answer(problem)) => return Ok(problem.to_response()),
         Err(Stop::PassThrough) => {
             return pass_through(inner, Request::from_parts(parts, body)).await
         }
@@ -128,7 +128,7 @@ where
     };
     let (guarded, client_key) = match identify(&config, &parts, &client, header_key, &bytes) {
         Ok(identified) => identified,
-        Err(Stop::Answer(res)) => return Ok(res),
+        Err(Stop::Answer(problem)) => return Ok(problem.to_response()),
         Err(Stop::PassThrough) => {
             let req = Request::from_parts(parts, ReqBody::from(bytes));
             return pass_through(inner, req).await;
@@ -154,29 +154,27 @@ where
 }
 
 /// Why a step of [`guarded`] does not go on.
-enum Stop<B> {
-    /// The request is answered with this, and the handler not called.
-    Answer(Response<ResponseBody<B>>),
+enum Stop {
+    /// The request is answered with this problem, and the handler not called.
+    Answer(Problem),
     /// The request goes to the handler unguarded.
     PassThrough,
 }
 
 /// The key in the request's header, checked before the body is read: `None` when the key
 /// comes from the body.
-fn header_key<B>(
+fn header_key(
     config: &Config,
     parts: &http::request::Parts,
-) -> Result<Option<IdempotencyKey>, Stop<B>> {
+) -> Result<Option<IdempotencyKey>, Stop> {
     let KeySource::Header = config.key_source else {
         return Ok(None);
     };
     match IdempotencyKey::from_headers(&parts.headers, &config.header) {
         Ok(Some(key)) => Ok(Some(key)),
-        Ok(None) if config.key_required => Err(Stop::Answer(
-            Problem::missing_key(&config.header).to_response(),
-        )),
+        Ok(None) if config.key_required => Err(Stop::Answer(Problem::missing_key(&config.header))),
         Ok(None) => Err(Stop::PassThrough),
-        Err(problem) => Err(Stop::Answer(problem.to_response())),
+        Err(problem) => Err(Stop::Answer(problem)),
     }
 }
 
@@ -225,13 +223,13 @@ where
 
 /// The stored key and the fingerprint of a request whose body has been read, with the
 /// client's own key (which the handler finds in the request's extensions).
-fn identify<B>(
+fn identify(
     config: &Config,
     parts: &http::request::Parts,
     client: &Client,
     header_key: Option<IdempotencyKey>,
     bytes: &Bytes,
-) -> Result<(Guarded, IdempotencyKey), Stop<B>> {
+) -> Result<(Guarded, IdempotencyKey), Stop> {
     let key_from_body = !matches!(config.key_source, KeySource::Header);
     let json_counts =
         config.body_fingerprint == BodyFingerprint::JsonValue && fingerprint::is_json(parts);
@@ -246,11 +244,11 @@ fn identify<B>(
             Some(Ok(key)) => key,
             Some(Err(reason)) => {
                 let problem = Problem::invalid_body_key(&config.key_source, &reason);
-                return Err(Stop::Answer(problem.to_response()));
+                return Err(Stop::Answer(problem));
             }
             None if config.key_required => {
                 let problem = Problem::missing_body_key(&config.key_source);
-                return Err(Stop::Answer(problem.to_response()));
+                return Err(Stop::Answer(problem));
             }
             None => return Err(Stop::PassThrough),
         },
@@ -263,15 +261,15 @@ fn identify<B>(
     };
     let fingerprint = fingerprint::of_request(parts, bytes, json.as_ref());
     let (Some(scope), Some(id)) = (config.scope.as_deref(), stored_id(client, &client_key)) else {
-        return Err(Stop::Answer(unidentified(config, client).to_response()));
+        return Err(Stop::Answer(unidentified(config, client)));
     };
     // The error's own text would show the stored id, which may hold a credentials digest.
     let Ok(key) = Key::new(scope, id) else {
-        return Err(Stop::Answer(Problem::invalid_key(
+        let problem = Problem::invalid_key(
             &config.header,
             "the idempotency key, with its client's name, is over the store's key length; send a shorter key".to_owned(),
-        )
-        .to_response()));
+        );
+        return Err(Stop::Answer(problem));
     };
     let guarded = Guarded {
         key,
