@@ -281,11 +281,27 @@ impl<D: Transactional> SqlStore<D> {
     where
         T: Serialize + DeserializeOwned,
     {
+        let encode = |source| Error::Encode {
+            key: key.clone(),
+            source,
+        };
+        let decode = |source| Error::Decode {
+            key: key.clone(),
+            source,
+        };
         let store = |source| Error::Store {
             key: key.clone(),
             source,
         };
-        let (sealed, decoded) = sealed_result(key, value)?;
+        let sealed = seal_value(&Json, 0, value).map_err(encode)?;
+        let decoded: T = open_value(&Json, 0, &sealed).map_err(decode)?;
+        // Checked before anything is written, as the engine refuses such a value.
+        let same = Json.encode(value).ok() == Json.encode(&decoded).ok();
+        if !same {
+            return Err(encode(
+                "the value does not come back unchanged through the JSON codec".into(),
+            ));
+        }
         self.ready().await.map_err(store)?;
         let insert = D::insert_completed(self.table_name());
         for _ in 0..CLAIM_ATTEMPTS {
@@ -319,76 +335,34 @@ impl<D: Transactional> SqlStore<D> {
             if D::READS_BACK_TOKEN && live.token == token {
                 return Ok(Outcome::new(decoded, Origin::Ran));
             }
-            let claim = live.into_claim(D::BACKEND).map_err(store)?;
-            return existing_result(key, fingerprint, claim, D::BACKEND);
+            return match live.into_claim(D::BACKEND).map_err(store)? {
+                // The holder's remaining lease, bounded as the engine bounds its hint: a
+                // holder usually finishes long before its lease ends.
+                Claim::InProgress { retry_after, .. } => Err(Error::InProgress {
+                    key: key.clone(),
+                    retry_after: retry_after
+                        .min(idem_core::DEFAULT_RETRY_AFTER)
+                        .max(Duration::from_millis(1)),
+                }),
+                Claim::Completed {
+                    fingerprint: stored,
+                    payload,
+                } => {
+                    if stored != fingerprint
+                        && stored != Fingerprint::NONE
+                        && fingerprint != Fingerprint::NONE
+                    {
+                        return Err(Error::KeyReuse { key: key.clone() });
+                    }
+                    let value: T = open_value(&Json, 0, &payload).map_err(decode)?;
+                    Ok(Outcome::new(value, Origin::Store))
+                }
+                _ => Err(store(StoreError::Corrupt {
+                    backend: D::BACKEND,
+                    reason: "reading a record answered a claim".into(),
+                })),
+            };
         }
         Err(store(super::NoAnswer::error(D::BACKEND)))
-    }
-}
-
-/// `value` sealed as the engine stores a result (JSON codec, result version 0), and the
-/// value decoded back from those bytes. A value that does not come back unchanged is
-/// refused before anything is written, as the engine refuses it.
-fn sealed_result<T>(key: &Key, value: &T) -> Result<(Vec<u8>, T), Error>
-where
-    T: Serialize + DeserializeOwned,
-{
-    let encode = |source| Error::Encode {
-        key: key.clone(),
-        source,
-    };
-    let sealed = seal_value(&Json, 0, value).map_err(encode)?;
-    let decoded: T = open_value(&Json, 0, &sealed).map_err(|source| Error::Decode {
-        key: key.clone(),
-        source,
-    })?;
-    let same = Json.encode(value).ok() == Json.encode(&decoded).ok();
-    if !same {
-        return Err(encode(
-            "the value does not come back unchanged through the JSON codec".into(),
-        ));
-    }
-    Ok((sealed, decoded))
-}
-
-/// The answer when a live record is under the key: its stored value, or why not.
-fn existing_result<T: DeserializeOwned>(
-    key: &Key,
-    fingerprint: Fingerprint,
-    claim: Claim,
-    backend: &'static str,
-) -> Result<Outcome<T>, Error> {
-    match claim {
-        // The holder's remaining lease, bounded as the engine bounds its hint: a holder
-        // usually finishes long before its lease ends.
-        Claim::InProgress { retry_after, .. } => Err(Error::InProgress {
-            key: key.clone(),
-            retry_after: retry_after
-                .min(idem_core::DEFAULT_RETRY_AFTER)
-                .max(Duration::from_millis(1)),
-        }),
-        Claim::Completed {
-            fingerprint: stored,
-            payload,
-        } => {
-            if stored != fingerprint
-                && stored != Fingerprint::NONE
-                && fingerprint != Fingerprint::NONE
-            {
-                return Err(Error::KeyReuse { key: key.clone() });
-            }
-            let value: T = open_value(&Json, 0, &payload).map_err(|source| Error::Decode {
-                key: key.clone(),
-                source,
-            })?;
-            Ok(Outcome::new(value, Origin::Store))
-        }
-        _ => Err(Error::Store {
-            key: key.clone(),
-            source: StoreError::Corrupt {
-                backend,
-                reason: "reading a record answered a claim".into(),
-            },
-        }),
     }
 }
