@@ -70,7 +70,6 @@
 //! does (in pictures), the full promise, keys, the engine API, steps (operations with
 //! several side effects), failures, stores, durability, HTTP, consumers, and operating idem.
 #![deny(missing_docs)]
-#![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 use std::sync::OnceLock;

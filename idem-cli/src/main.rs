@@ -7,7 +7,6 @@
 //! key, step name or flag); 3 this store cannot do that, or refused (a live claim, a step
 //! that is not held); 4 no record under the key.
 #![deny(missing_docs)]
-#![forbid(unsafe_code)]
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -424,91 +423,20 @@ fn step_json(info: Option<&RecordInfo>) -> Value {
     }
 }
 
+/// What a command answers: what to print and the exit code.
+type Answer = Result<(String, u8), Failure>;
+
 /// Runs the command; answers what to print and the exit code.
-async fn run(command: Command) -> Result<(String, u8), Failure> {
+async fn run(command: Command) -> Answer {
     match command {
-        Command::Get { target, key, http } => {
-            let key = match key {
-                Some(key) => parse_key(&key)?,
-                None => http.stored_key()?,
-            };
-            let store = open(&target, false).await?;
-            let Some(info) = store.describe(&key).await? else {
-                return Err(Failure(NOT_FOUND, format!("no live record under `{key}`")));
-            };
-            Ok((render(&record_json(&key, &info), target.json), 0))
-        }
+        Command::Get { target, key, http } => get(target, key, http).await,
         Command::Delete {
             target,
             key,
             force,
             dry_run,
-        } => {
-            let key = parse_key(&key)?;
-            let store = open(&target, false).await?;
-            let options = DeleteOptions { force, dry_run };
-            let would = if dry_run { "would be " } else { "" };
-            let (out, text, code) = match store.delete_record(&key, options).await? {
-                Deletion::Deleted(info) => (
-                    json!({ "key": key.as_str(), "deleted": true, "dry_run": dry_run, "record": record_json(&key, &info) }),
-                    format!("`{key}` ({}) {would}deleted", info.state.as_str()),
-                    0,
-                ),
-                Deletion::Refused(info) => (
-                    json!({ "key": key.as_str(), "deleted": false, "dry_run": dry_run, "refused": "live claim", "record": record_json(&key, &info) }),
-                    format!(
-                        "`{key}` is held by a live claim (token {}, lease left {} ms): a call is running, and deleting its claim lets a second run start beside it; nothing {would}deleted (`--force` deletes it anyway)",
-                        info.token,
-                        ms(info.time_left)
-                    ),
-                    NOT_POSSIBLE,
-                ),
-                Deletion::NotFound => (
-                    json!({ "key": key.as_str(), "deleted": false, "dry_run": dry_run }),
-                    format!("no record under `{key}`: nothing {would}deleted"),
-                    NOT_FOUND,
-                ),
-                _ => (
-                    json!({ "key": key.as_str(), "deleted": false, "dry_run": dry_run }),
-                    format!("`{key}`: the store answered in a way this build does not know"),
-                    FAILED,
-                ),
-            };
-            Ok((if target.json { out.to_string() } else { text }, code))
-        }
-        Command::Steps { target, key, steps } => {
-            let key = parse_key(&key)?;
-            let records = steps
-                .iter()
-                .map(|name| key.step(name).map(|k| (name, k)))
-                .collect::<Result<Vec<_>, _>>()?;
-            let store = open(&target, false).await?;
-            let call = store.describe(&key).await?;
-            let mut found = call.is_some();
-            let mut shown = serde_json::Map::new();
-            for (name, record) in &records {
-                let info = store.describe(record).await?;
-                found |= info.is_some();
-                shown.insert((*name).clone(), step_json(info.as_ref()));
-            }
-            let held_by = call
-                .as_ref()
-                .and_then(|info| info.payload.as_deref())
-                .and_then(envelope::held_step);
-            let out = json!({
-                "key": key.as_str(),
-                "key_state": step_json(call.as_ref())["state"],
-                "held_by": held_by,
-                "steps": shown,
-            });
-            if !found {
-                return Err(Failure(
-                    NOT_FOUND,
-                    format!("no record under `{key}` nor any of its steps named"),
-                ));
-            }
-            Ok((render(&out, target.json), 0))
-        }
+        } => delete(target, key, force, dry_run).await,
+        Command::Steps { target, key, steps } => show_steps(target, key, steps).await,
         Command::Resolve {
             target,
             key,
@@ -517,137 +445,260 @@ async fn run(command: Command) -> Result<(String, u8), Failure> {
             not_ran: _,
             value,
             ttl,
-        } => {
-            let key = parse_key(&key)?;
-            let record = key.step(&step)?;
-            let resolution = if ran {
-                let Some(value) = value.as_deref() else {
-                    return Err(Failure(USAGE, "--ran needs --value: the step's value as JSON, what the step would have returned (e.g. '\"ch_1\"'; 'null' for a step returning ())".into()));
-                };
-                let value: Value = serde_json::from_str(value).map_err(|e| {
-                    Failure(USAGE, format!("--value is not JSON ({e}): give it as the step's value would be serialized, e.g. '\"ch_1\"' or '{{\"id\":\"ch_1\"}}'"))
-                })?;
-                Resolution::Ran(value)
-            } else {
-                Resolution::NotRan
+        } => resolve(target, key, step, ran, value, ttl).await,
+        Command::PurgeExpired { target, dry_run } => purge_expired(target, dry_run).await,
+        Command::Stats { target } => stats(target).await,
+        Command::AcknowledgeLostRecords { target } => acknowledge_lost_records(target).await,
+        Command::Migrate { target } => migrate(target).await,
+    }
+}
+
+/// `get`: the record under a key (given, or the HTTP layer's key of a customer's).
+async fn get(target: Target, key: Option<String>, http: HttpKey) -> Answer {
+    let key = match key {
+        Some(key) => parse_key(&key)?,
+        None => http.stored_key()?,
+    };
+    let store = open(&target, false).await?;
+    let Some(info) = store.describe(&key).await? else {
+        return Err(Failure(NOT_FOUND, format!("no live record under `{key}`")));
+    };
+    Ok((render(&record_json(&key, &info), target.json), 0))
+}
+
+/// `delete`: the record under a key, refusing a live claim unless forced.
+async fn delete(target: Target, key: String, force: bool, dry_run: bool) -> Answer {
+    let key = parse_key(&key)?;
+    let store = open(&target, false).await?;
+    let options = DeleteOptions { force, dry_run };
+    let would = if dry_run { "would be " } else { "" };
+    let (out, text, code) = match store.delete_record(&key, options).await? {
+        Deletion::Deleted(info) => (
+            json!({ "key": key.as_str(), "deleted": true, "dry_run": dry_run, "record": record_json(&key, &info) }),
+            format!("`{key}` ({}) {would}deleted", info.state.as_str()),
+            0,
+        ),
+        Deletion::Refused(info) => (
+            json!({ "key": key.as_str(), "deleted": false, "dry_run": dry_run, "refused": "live claim", "record": record_json(&key, &info) }),
+            format!(
+                "`{key}` is held by a live claim (token {}, lease left {} ms): a call is running, and deleting its claim lets a second run start beside it; nothing {would}deleted (`--force` deletes it anyway)",
+                info.token,
+                ms(info.time_left)
+            ),
+            NOT_POSSIBLE,
+        ),
+        Deletion::NotFound => (
+            json!({ "key": key.as_str(), "deleted": false, "dry_run": dry_run }),
+            format!("no record under `{key}`: nothing {would}deleted"),
+            NOT_FOUND,
+        ),
+        _ => (
+            json!({ "key": key.as_str(), "deleted": false, "dry_run": dry_run }),
+            format!("`{key}`: the store answered in a way this build does not know"),
+            FAILED,
+        ),
+    };
+    Ok((if target.json { out.to_string() } else { text }, code))
+}
+
+/// `steps`: a call's key and the records of the steps named.
+async fn show_steps(target: Target, key: String, steps: Vec<String>) -> Answer {
+    let key = parse_key(&key)?;
+    let records = steps
+        .iter()
+        .map(|name| key.step(name).map(|k| (name, k)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let store = open(&target, false).await?;
+    let call = store.describe(&key).await?;
+    let mut found = call.is_some();
+    let mut shown = serde_json::Map::new();
+    for (name, record) in &records {
+        let info = store.describe(record).await?;
+        found |= info.is_some();
+        shown.insert((*name).clone(), step_json(info.as_ref()));
+    }
+    let out = json!({
+        "key": key.as_str(),
+        "key_state": step_json(call.as_ref())["state"],
+        "held_by": held_by(call.as_ref()),
+        "steps": shown,
+    });
+    if !found {
+        return Err(Failure(
+            NOT_FOUND,
+            format!("no record under `{key}` nor any of its steps named"),
+        ));
+    }
+    Ok((render(&out, target.json), 0))
+}
+
+/// The step a call's record holds its key for, if it does.
+fn held_by(call: Option<&RecordInfo>) -> Option<String> {
+    call.and_then(|info| info.payload.as_deref())
+        .and_then(envelope::held_step)
+}
+
+/// `resolve`: a held step resolved as ran (with its value) or not ran, by the engine's own
+/// resolution on the opened store.
+async fn resolve(
+    target: Target,
+    key: String,
+    step: String,
+    ran: bool,
+    value: Option<String>,
+    ttl: Option<u64>,
+) -> Answer {
+    let key = parse_key(&key)?;
+    let record = key.step(&step)?;
+    let resolution = resolution(ran, value.as_deref())?;
+    if ttl == Some(0) {
+        return Err(Failure(USAGE, "--ttl must be at least 1 second".into()));
+    }
+    let store = open(&target, false).await?;
+    let call = store.describe(&key).await?;
+    let step_record = store.describe(&record).await?;
+    // What the hold had left: the step's, else the key's (a hold the step's record
+    // could not get), else the engine's default.
+    let hold_left = [&step_record, &call]
+        .into_iter()
+        .flatten()
+        .find_map(|info| {
+            let held = info.payload.as_deref().and_then(envelope::held_step);
+            held.map(|_| info.time_left)
+        });
+    let ttl = match ttl {
+        Some(secs) => Duration::from_secs(secs),
+        None => hold_left
+            .filter(|left| *left >= Duration::from_millis(1))
+            .unwrap_or(idem_core::DEFAULT_TTL),
+    };
+    // The engine's own resolution, on the opened store: the step's record first,
+    // then the key's hold, each as a service's engine writes them.
+    let idem = Idem::builder().store(store).ttl(ttl).build()?;
+    let resolved = idem.resolve(&key, &step, resolution).await?;
+    // As `delete` does: what happened on stdout (JSON with `--json`), and the exit
+    // code says whether it was done.
+    let (out, text, code) = resolve_report(&key, &step, ran, resolved, &call, &step_record);
+    Ok((if target.json { out.to_string() } else { text }, code))
+}
+
+/// `--ran` with its `--value`, or `--not-ran`.
+fn resolution(ran: bool, value: Option<&str>) -> Result<Resolution, Failure> {
+    if !ran {
+        return Ok(Resolution::NotRan);
+    }
+    let Some(value) = value else {
+        return Err(Failure(USAGE, "--ran needs --value: the step's value as JSON, what the step would have returned (e.g. '\"ch_1\"'; 'null' for a step returning ())".into()));
+    };
+    let value: Value = serde_json::from_str(value).map_err(|e| {
+        Failure(USAGE, format!("--value is not JSON ({e}): give it as the step's value would be serialized, e.g. '\"ch_1\"' or '{{\"id\":\"ch_1\"}}'"))
+    })?;
+    Ok(Resolution::Ran(value))
+}
+
+/// What `resolve` prints (as JSON and as text) and its exit code, given what the
+/// resolution answered and the records it found before.
+fn resolve_report(
+    key: &Key,
+    step: &str,
+    ran: bool,
+    resolved: Resolved,
+    call: &Option<RecordInfo>,
+    step_record: &Option<RecordInfo>,
+) -> (Value, String, u8) {
+    let ran_text = if ran { "ran" } else { "not ran" };
+    let resolved_as = if ran { "ran" } else { "not_ran" };
+    match resolved {
+        Resolved::Resolved => (
+            json!({ "key": key.as_str(), "step": step, "resolved": resolved_as }),
+            format!("step `{step}` of `{key}` is resolved as {ran_text}; the key is no longer held, and its next call runs the steps not done"),
+            0,
+        ),
+        Resolved::AlreadyResolved => (
+            json!({ "key": key.as_str(), "step": step, "resolved": null, "already_resolved": true }),
+            format!("step `{step}` of `{key}` was already resolved by another resolution, whose record stands (`idem steps` shows it); the key's hold it left is lifted"),
+            NOT_POSSIBLE,
+        ),
+        _ if call.is_none() && step_record.is_none() => (
+            json!({ "key": key.as_str(), "step": step, "resolved": null }),
+            format!("no record under `{key}` nor its step `{step}`: nothing to resolve"),
+            NOT_FOUND,
+        ),
+        _ => {
+            let held_by = held_by(call.as_ref());
+            let why = match &held_by {
+                Some(other) => format!("the key is held by step `{other}`, not `{step}`"),
+                None => format!("neither the key nor step `{step}` is held"),
             };
-            if ttl == Some(0) {
-                return Err(Failure(USAGE, "--ttl must be at least 1 second".into()));
-            }
-            let store = open(&target, false).await?;
-            let call = store.describe(&key).await?;
-            let step_record = store.describe(&record).await?;
-            // What the hold had left: the step's, else the key's (a hold the step's record
-            // could not get), else the engine's default.
-            let hold_left = [&step_record, &call]
-                .into_iter()
-                .flatten()
-                .find_map(|info| {
-                    let held = info.payload.as_deref().and_then(envelope::held_step);
-                    held.map(|_| info.time_left)
-                });
-            let ttl = match ttl {
-                Some(secs) => Duration::from_secs(secs),
-                None => hold_left
-                    .filter(|left| *left >= Duration::from_millis(1))
-                    .unwrap_or(idem_core::DEFAULT_TTL),
-            };
-            // The engine's own resolution, on the opened store: the step's record first,
-            // then the key's hold, each as a service's engine writes them.
-            let idem = Idem::builder().store(store).ttl(ttl).build()?;
-            let ran_text = if ran { "ran" } else { "not ran" };
-            let resolved = if ran { "ran" } else { "not_ran" };
-            // As `delete` does: what happened on stdout (JSON with `--json`), and the exit
-            // code says whether it was done.
-            let (out, text, code) = match idem.resolve(&key, &step, resolution).await? {
-                Resolved::Resolved => (
-                    json!({ "key": key.as_str(), "step": step, "resolved": resolved }),
-                    format!("step `{step}` of `{key}` is resolved as {ran_text}; the key is no longer held, and its next call runs the steps not done"),
-                    0,
-                ),
-                Resolved::AlreadyResolved => (
-                    json!({ "key": key.as_str(), "step": step, "resolved": null, "already_resolved": true }),
-                    format!("step `{step}` of `{key}` was already resolved by another resolution, whose record stands (`idem steps` shows it); the key's hold it left is lifted"),
-                    NOT_POSSIBLE,
-                ),
-                _ if call.is_none() && step_record.is_none() => (
-                    json!({ "key": key.as_str(), "step": step, "resolved": null }),
-                    format!("no record under `{key}` nor its step `{step}`: nothing to resolve"),
-                    NOT_FOUND,
-                ),
-                _ => {
-                    let held_by = call
-                        .as_ref()
-                        .and_then(|info| info.payload.as_deref())
-                        .and_then(envelope::held_step);
-                    let why = match &held_by {
-                        Some(other) => format!("the key is held by step `{other}`, not `{step}`"),
-                        None => format!("neither the key nor step `{step}` is held"),
-                    };
-                    (
-                        json!({ "key": key.as_str(), "step": step, "resolved": null, "held_by": held_by }),
-                        format!("`{key}`: {why}; nothing changed (`idem steps` shows them)"),
-                        NOT_POSSIBLE,
-                    )
-                }
-            };
-            Ok((if target.json { out.to_string() } else { text }, code))
-        }
-        Command::PurgeExpired { target, dry_run } => {
-            let store = open(&target, false).await?;
-            let n = store.purge(dry_run).await?;
-            let out = if dry_run {
-                json!({ "would_purge": n, "dry_run": true })
-            } else {
-                json!({ "purged": n })
-            };
-            Ok((render(&out, target.json), 0))
-        }
-        Command::Stats { target } => {
-            let store = open(&target, false).await?;
-            let stats = store.stats().await?;
-            let out = json!({
-                "in_progress": stats.in_progress,
-                "completed": stats.completed,
-                "ended": stats.ended,
-            });
-            Ok((render(&out, target.json), 0))
-        }
-        Command::AcknowledgeLostRecords { target } => {
-            if !target.url.starts_with("redis") {
-                return Err(Failure(
-                    NOT_POSSIBLE,
-                    "only a Redis store keeps an epoch of its records to acknowledge".into(),
-                ));
-            }
-            // Opening reads the epoch (or writes one, when there is none): that is the one
-            // acknowledged.
-            let store = idem_stores::RedisStore::builder()
-                .prefix(&target.prefix)
-                .open(&target.url)
-                .await?;
-            store
-                .acknowledge_lost_records()
-                .await
-                .map_err(|e| Failure(FAILED, chain(&e)))?;
-            let what = format!(
-                "the loss of the records under `{}` is acknowledged (`{}` holds the current epoch)",
-                target.prefix,
-                format_args!("{}epoch-acknowledged", target.prefix)
-            );
-            let out = json!({ "acknowledged": store.epoch_key() });
-            Ok((if target.json { out.to_string() } else { what }, 0))
-        }
-        Command::Migrate { target } => {
-            let store = open(&target, false).await?;
-            let what = match store.ensure_schema().await? {
-                Some(what) => format!("{what} is at this build's schema"),
-                None => "nothing to migrate: Redis keeps no schema".into(),
-            };
-            let out = json!({ "migrated": what });
-            Ok((if target.json { out.to_string() } else { what }, 0))
+            (
+                json!({ "key": key.as_str(), "step": step, "resolved": null, "held_by": held_by }),
+                format!("`{key}`: {why}; nothing changed (`idem steps` shows them)"),
+                NOT_POSSIBLE,
+            )
         }
     }
+}
+
+/// `purge-expired`: the ended records removed (or counted, with `--dry-run`).
+async fn purge_expired(target: Target, dry_run: bool) -> Answer {
+    let store = open(&target, false).await?;
+    let n = store.purge(dry_run).await?;
+    let out = if dry_run {
+        json!({ "would_purge": n, "dry_run": true })
+    } else {
+        json!({ "purged": n })
+    };
+    Ok((render(&out, target.json), 0))
+}
+
+/// `stats`: the records counted by state.
+async fn stats(target: Target) -> Answer {
+    let store = open(&target, false).await?;
+    let stats = store.stats().await?;
+    let out = json!({
+        "in_progress": stats.in_progress,
+        "completed": stats.completed,
+        "ended": stats.ended,
+    });
+    Ok((render(&out, target.json), 0))
+}
+
+/// `acknowledge-lost-records`: a Redis store's current epoch acknowledged.
+async fn acknowledge_lost_records(target: Target) -> Answer {
+    if !target.url.starts_with("redis") {
+        return Err(Failure(
+            NOT_POSSIBLE,
+            "only a Redis store keeps an epoch of its records to acknowledge".into(),
+        ));
+    }
+    // Opening reads the epoch (or writes one, when there is none): that is the one
+    // acknowledged.
+    let store = idem_stores::RedisStore::builder()
+        .prefix(&target.prefix)
+        .open(&target.url)
+        .await?;
+    store
+        .acknowledge_lost_records()
+        .await
+        .map_err(|e| Failure(FAILED, chain(&e)))?;
+    let what = format!(
+        "the loss of the records under `{}` is acknowledged (`{}` holds the current epoch)",
+        target.prefix,
+        format_args!("{}epoch-acknowledged", target.prefix)
+    );
+    let out = json!({ "acknowledged": store.epoch_key() });
+    Ok((if target.json { out.to_string() } else { what }, 0))
+}
+
+/// `migrate`: the store's table brought to this build's schema.
+async fn migrate(target: Target) -> Answer {
+    let store = open(&target, false).await?;
+    let what = match store.ensure_schema().await? {
+        Some(what) => format!("{what} is at this build's schema"),
+        None => "nothing to migrate: Redis keeps no schema".into(),
+    };
+    let out = json!({ "migrated": what });
+    Ok((if target.json { out.to_string() } else { what }, 0))
 }
 
 /// `--json`: one JSON object; otherwise one `name: value` line per field.

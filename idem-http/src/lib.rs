@@ -111,7 +111,6 @@
 //!   request, retried with the same key on what a retry can fix without a second run,
 //!   within a deadline. `rustls` adds reqwest's rustls TLS.
 #![deny(missing_docs)]
-#![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod body;

@@ -237,23 +237,7 @@ impl Problem {
                 format!("{detail}: a request with this key is still being processed; retry later with the same key"),
             )
             .with_retry_after(Duration::from_secs(1)),
-            E::Store { source, .. } => {
-                let p = Problem::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "store-unavailable",
-                    "Idempotency store unavailable",
-                    detail,
-                );
-                match source {
-                    // A store that lost its records says how long it refuses new keys.
-                    idem_core::StoreError::RecordsLost {
-                        retry_after: Some(after),
-                        ..
-                    } => p.with_retry_after(*after),
-                    s if s.is_temporary() => p.with_retry_after(Duration::from_secs(1)),
-                    _ => p,
-                }
-            }
+            E::Store { source, .. } => Problem::store_unavailable(source, detail),
             E::LeaseLost { .. } => Problem::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "lease-lost",
@@ -282,6 +266,25 @@ impl Problem {
                 "Idempotency failure",
                 detail,
             ),
+        }
+    }
+
+    /// 503 for a store that failed, with a `Retry-After` when retrying can help.
+    fn store_unavailable(source: &idem_core::StoreError, detail: String) -> Self {
+        let p = Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store-unavailable",
+            "Idempotency store unavailable",
+            detail,
+        );
+        match source {
+            // A store that lost its records says how long it refuses new keys.
+            idem_core::StoreError::RecordsLost {
+                retry_after: Some(after),
+                ..
+            } => p.with_retry_after(*after),
+            s if s.is_temporary() => p.with_retry_after(Duration::from_secs(1)),
+            _ => p,
         }
     }
 

@@ -89,6 +89,10 @@ where
 type Answer<B, E> = Result<Response<ResponseBody<B>>, E>;
 
 /// A guarded request: validate, read the body, then hand the rest to a task of its own.
+///
+/// Each step answers the request at once (a refusal), passes it to the handler unguarded
+/// (no key, where one is optional), or goes on: the key in a header, the checks before
+/// the body is read, the body, the key and fingerprint, then [`run_guarded`].
 async fn guarded<S, ReqBody, ResBody>(
     config: Arc<Config>,
     inner: S,
@@ -106,63 +110,147 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let (mut parts, body) = req.into_parts();
-    // A key in a header is checked before the body is read.
-    let header_key = match config.key_source {
-        KeySource::Header => match IdempotencyKey::from_headers(&parts.headers, &config.header) {
-            Ok(Some(key)) => Some(key),
-            Ok(None) if config.key_required => {
-                return Ok(Problem::missing_key(&config.header).to_response())
-            }
-            Ok(None) => return pass_through(inner, Request::from_parts(parts, body)).await,
-            Err(problem) => return Ok(problem.to_response()),
-        },
-        _ => None,
+    let header_key = match header_key(&config, &parts) {
+        Ok(key) => key,
+        Err(Stop::Answer(problem)) => return Ok(problem.to_response()),
+        Err(Stop::PassThrough) => {
+            return pass_through(inner, Request::from_parts(parts, body)).await
+        }
     };
-    // Who sent it, before its body is read: a request whose client the layer cannot tell is
-    // refused at once (a key from the body is read first, since a body without one may pass).
+    // Who sent it, before its body is read.
     let client = config.identity.of(&parts);
-    if header_key.is_some() && matches!(client, Client::Unidentified(_)) {
-        return Ok(unidentified(&config, &client).to_response());
+    if let Some(res) = refused_before_body(&config, &parts, &client, header_key.is_some()) {
+        return Ok(res);
+    }
+    let bytes = match read_body(body, config.max_body).await {
+        Ok(bytes) => bytes,
+        Err(res) => return Ok(res),
+    };
+    let (guarded, client_key) = match identify(&config, &parts, &client, header_key, &bytes) {
+        Ok(identified) => identified,
+        Err(Stop::Answer(problem)) => return Ok(problem.to_response()),
+        Err(Stop::PassThrough) => {
+            let req = Request::from_parts(parts, ReqBody::from(bytes));
+            return pass_through(inner, req).await;
+        }
+    };
+    parts.extensions.insert(client_key);
+    let req = Request::from_parts(parts, ReqBody::from(bytes));
+
+    // The handler runs in its own task: a client that disconnects drops this future, not
+    // the handler, so a charge is never stopped half way (and its claim never released
+    // while it still runs). The tracker lets shutdown wait for it.
+    let task = config
+        .tracker
+        .clone()
+        .spawn(run_guarded(config, inner, req, guarded));
+    match task.await {
+        Ok(res) => res,
+        Err(err) => Ok(Problem::handler_failed(format!(
+            "the task of this idempotent request ended without an answer ({err})"
+        ))
+        .to_response()),
+    }
+}
+
+/// Why a step of [`guarded`] does not go on.
+enum Stop {
+    /// The request is answered with this problem, and the handler not called.
+    Answer(Problem),
+    /// The request goes to the handler unguarded.
+    PassThrough,
+}
+
+/// The key in the request's header, checked before the body is read: `None` when the key
+/// comes from the body.
+fn header_key(
+    config: &Config,
+    parts: &http::request::Parts,
+) -> Result<Option<IdempotencyKey>, Stop> {
+    let KeySource::Header = config.key_source else {
+        return Ok(None);
+    };
+    match IdempotencyKey::from_headers(&parts.headers, &config.header) {
+        Ok(Some(key)) => Ok(Some(key)),
+        Ok(None) if config.key_required => Err(Stop::Answer(Problem::missing_key(&config.header))),
+        Ok(None) => Err(Stop::PassThrough),
+        Err(problem) => Err(Stop::Answer(problem)),
+    }
+}
+
+/// The refusals that need no body: a request whose client the layer cannot tell, when a
+/// header holds its key (a key from the body is read first, since a body without one may
+/// pass); a layer draining for shutdown; a declared length over the limit.
+fn refused_before_body<B>(
+    config: &Config,
+    parts: &http::request::Parts,
+    client: &Client,
+    header_key: bool,
+) -> Option<Response<ResponseBody<B>>> {
+    if header_key && matches!(client, Client::Unidentified(_)) {
+        return Some(unidentified(config, client).to_response());
     }
     if config.draining.load(Ordering::SeqCst) {
-        return Ok(retryable(Problem::shutting_down().to_response()));
+        return Some(retryable(Problem::shutting_down().to_response()));
     }
     let declared = parts
         .headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|len| len > config.max_body as u64) {
-        return Ok(Problem::body_too_large(config.max_body).to_response());
+        return Some(Problem::body_too_large(config.max_body).to_response());
     }
-    let bytes = match Limited::new(body, config.max_body).collect().await {
-        Ok(collected) => collected.to_bytes(),
+    None
+}
+
+/// The request's body, whole, up to `max_body` bytes.
+async fn read_body<ReqBody, B>(
+    body: ReqBody,
+    max_body: usize,
+) -> Result<Bytes, Response<ResponseBody<B>>>
+where
+    ReqBody: Body,
+    ReqBody::Error: Into<BoxError>,
+{
+    match Limited::new(body, max_body).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
         Err(err) if err.downcast_ref::<LengthLimitError>().is_some() => {
-            return Ok(Problem::body_too_large(config.max_body).to_response())
+            Err(Problem::body_too_large(max_body).to_response())
         }
-        Err(err) => return Ok(Problem::body_unreadable(&*err).to_response()),
-    };
+        Err(err) => Err(Problem::body_unreadable(&*err).to_response()),
+    }
+}
+
+/// The stored key and the fingerprint of a request whose body has been read, with the
+/// client's own key (which the handler finds in the request's extensions).
+fn identify(
+    config: &Config,
+    parts: &http::request::Parts,
+    client: &Client,
+    header_key: Option<IdempotencyKey>,
+    bytes: &Bytes,
+) -> Result<(Guarded, IdempotencyKey), Stop> {
     let key_from_body = !matches!(config.key_source, KeySource::Header);
     let json_counts =
-        config.body_fingerprint == BodyFingerprint::JsonValue && fingerprint::is_json(&parts);
+        config.body_fingerprint == BodyFingerprint::JsonValue && fingerprint::is_json(parts);
     let reading = if key_from_body || json_counts {
-        Some(Json::parse(&bytes))
+        Some(Json::parse(bytes))
     } else {
         None
     };
     let client_key = match header_key {
         Some(key) => key,
-        None => match body_key(&config.key_source, &bytes, reading.as_ref()) {
+        None => match body_key(&config.key_source, bytes, reading.as_ref()) {
             Some(Ok(key)) => key,
             Some(Err(reason)) => {
-                return Ok(Problem::invalid_body_key(&config.key_source, &reason).to_response())
+                let problem = Problem::invalid_body_key(&config.key_source, &reason);
+                return Err(Stop::Answer(problem));
             }
             None if config.key_required => {
-                return Ok(Problem::missing_body_key(&config.key_source).to_response())
+                let problem = Problem::missing_body_key(&config.key_source);
+                return Err(Stop::Answer(problem));
             }
-            None => {
-                let req = Request::from_parts(parts, ReqBody::from(bytes));
-                return pass_through(inner, req).await;
-            }
+            None => return Err(Stop::PassThrough),
         },
     };
     // Method, path as the client sent it (with the query) and body: the same key on another
@@ -171,42 +259,24 @@ where
         Some(Ok(json)) if json_counts => Some(json),
         _ => None,
     };
-    let fingerprint = fingerprint::of_request(&parts, &bytes, json.as_ref());
-    let (Some(scope), Some(id)) = (config.scope.as_deref(), stored_id(&client, &client_key)) else {
-        return Ok(unidentified(&config, &client).to_response());
+    let fingerprint = fingerprint::of_request(parts, bytes, json.as_ref());
+    let (Some(scope), Some(id)) = (config.scope.as_deref(), stored_id(client, &client_key)) else {
+        return Err(Stop::Answer(unidentified(config, client)));
     };
     // The error's own text would show the stored id, which may hold a credentials digest.
     let Ok(key) = Key::new(scope, id) else {
-        return Ok(Problem::invalid_key(
+        let problem = Problem::invalid_key(
             &config.header,
             "the idempotency key, with its client's name, is over the store's key length; send a shorter key".to_owned(),
-        )
-        .to_response());
+        );
+        return Err(Stop::Answer(problem));
     };
-    let key_text = client_key.as_str().to_owned();
-    parts.extensions.insert(client_key);
-    let req = Request::from_parts(parts, ReqBody::from(bytes));
-
-    // The handler runs in its own task: a client that disconnects drops this future, not
-    // the handler, so a charge is never stopped half way (and its claim never released
-    // while it still runs). The tracker lets shutdown wait for it.
-    let task = config.tracker.clone().spawn(run_guarded(
-        config,
-        inner,
-        req,
-        Guarded {
-            key,
-            client_key: key_text,
-            fingerprint,
-        },
-    ));
-    match task.await {
-        Ok(res) => res,
-        Err(err) => Ok(Problem::handler_failed(format!(
-            "the task of this idempotent request ended without an answer ({err})"
-        ))
-        .to_response()),
-    }
+    let guarded = Guarded {
+        key,
+        client_key: client_key.as_str().to_owned(),
+        fingerprint,
+    };
+    Ok((guarded, client_key))
 }
 
 /// A request the layer does not guard: the handler's response as it is.
@@ -339,9 +409,14 @@ where
         client_key,
         fingerprint,
     } = guarded;
-    // For the log of a held key: the operator resolves the stored key, not the client's.
-    let stored_key = key.clone();
-    let scope = key.scope().to_owned();
+    let request = GuardedRequest {
+        config: &config,
+        client_key: &client_key,
+        // For the log of a held key: the operator resolves the stored key, not the client's.
+        stored_key: key.clone(),
+        scope: key.scope().to_owned(),
+        expires: expires_at(config.ttl.unwrap_or_else(|| config.idem.ttl())),
+    };
     let mut call = config
         .idem
         .call(key, fingerprint)
@@ -355,141 +430,223 @@ where
     if let Some(lease) = config.lease {
         call = call.lease(lease);
     }
-    let expires = expires_at(config.ttl.unwrap_or_else(|| config.idem.ttl()));
-    // The first caller gets the handler's response whole (every header, or the body as it
-    // streams); the store keeps the chosen headers only, for replays.
-    let first: Mutex<Option<Response<ResponseBody<ResBody>>>> = Mutex::new(None);
-    let inner_error: Mutex<Option<S::Error>> = Mutex::new(None);
-    // Set once the handler has been called: from then on a failure of the engine is not
-    // "nothing happened", whatever it says.
-    let ran = AtomicBool::new(false);
+    let run = HandlerRun::default();
     let outcome = call
         .with_outcome()
-        .run_fallible(|| async {
-            ran.store(true, Ordering::SeqCst);
-            // The call itself inside the catch: a service may panic before its future.
-            let called = AssertUnwindSafe(async { inner.call(req).await }).catch_unwind();
-            let res = match called.await {
-                Ok(Ok(res)) => res,
-                Ok(Err(err)) => {
-                    *inner_error.lock().expect("not poisoned") = Some(err);
-                    let problem = Problem::handler_failed(format!(
-                        "the service failed while it handled the request with the idempotency key `{client_key}`; it may have taken effect, so a retry gets this answer"
-                    ));
-                    return Ok(StoredResponse::problem(&problem, expires));
-                }
-                Err(panic) => {
-                    tracing::error!(target: "idem_http", panic = panic_message(&*panic), "an idempotent request's handler panicked; its outcome is stored as a 500");
-                    let problem = Problem::handler_failed(format!(
-                        "the handler panicked while it handled the request with the idempotency key `{client_key}`; it may have taken effect, so a retry gets this answer"
-                    ));
-                    return Ok(StoredResponse::problem(&problem, expires));
-                }
-            };
-            let marked = res.extensions().get::<RetrySafe>().is_some();
-            if marked || !config.stores_status(res.status()) {
-                let mut res = res.map(ResponseBody::inner);
-                if marked || config.retryable_unstored(res.status()) {
-                    res = retryable(res);
-                }
-                return Err(Failure::NotStored(res));
-            }
-            let (mut parts, body) = res.into_parts();
-            if let Some(value) = expires.and_then(expiry_header) {
-                parts.headers.insert(IDEMPOTENCY_KEY_EXPIRES, value);
-            }
-            let read = AssertUnwindSafe(read_bounded(body, &config, &parts))
-                .catch_unwind()
-                .await
-                .unwrap_or_else(|panic| {
-                    Read::Failed(format!("it panicked: {}", panic_message(&*panic)).into())
-                });
-            match read {
-                Read::Whole(bytes) => {
-                    let stored =
-                        StoredResponse::new(&parts, &bytes, &config.stored_headers, expires);
-                    *first.lock().expect("not poisoned") =
-                        Some(Response::from_parts(parts, ResponseBody::full(bytes)));
-                    Ok(stored)
-                }
-                Read::TooLarge { read, rest } => {
-                    tracing::warn!(target: "idem_http", limit = config.max_response_body, "an idempotent response is too large or streaming to store; a retry gets a problem response");
-                    *first.lock().expect("not poisoned") =
-                        Some(Response::from_parts(parts, ResponseBody::resumed(read, rest)));
-                    let problem = Problem::response_not_stored(&client_key, config.max_response_body);
-                    Ok(StoredResponse::problem(&problem, expires))
-                }
-                Read::Failed(err) => {
-                    let problem = Problem::handler_failed(format!(
-                        "the handler's response body failed ({err}) after the request with the idempotency key `{client_key}` ran; it may have taken effect, so a retry gets this answer"
-                    ));
-                    Ok(StoredResponse::problem(&problem, expires))
-                }
-            }
-        })
+        .run_fallible(|| run.handle(&request, &mut inner, req))
         .await;
     match outcome {
         Ok(outcome) if !outcome.is_replay() => {
-            if let Some(err) = inner_error.lock().expect("not poisoned").take() {
+            if let Some(err) = run.inner_error() {
                 return Err(err);
             }
-            let first = first.lock().expect("not poisoned").take();
-            Ok(match first {
+            Ok(match run.first() {
                 Some(res) => res,
                 None => rebuilt(outcome.value()),
             })
         }
         Ok(outcome) => Ok(replay(outcome.value())),
-        // A step of the handler's failed in a way that leaves its outcome unknown (this
-        // request), or an earlier request's did (a retry): the key is held, and whatever the
-        // handler answered is not what the client gets, since nobody knows yet whether the
-        // operation took effect. Neither a `Retry-After` nor the retryable mark: a retry can
-        // only get this answer again until the step is resolved.
-        Err(Failure::Idem(err @ idem_core::Error::OutcomeUnknown { .. })) => {
-            if let idem_core::Error::OutcomeUnknown { step, .. } = &err {
-                if ran.load(Ordering::SeqCst) {
-                    tracing::warn!(target: "idem_http", key = %stored_key, step = %step,
+        Err(Failure::Idem(err)) => run.failed(&request, err),
+        Err(Failure::NotStored(res)) => Ok(res),
+    }
+}
+
+/// What every stage of one guarded request's run reads.
+struct GuardedRequest<'a> {
+    config: &'a Config,
+    /// The client's own key, which answers and logs name.
+    client_key: &'a str,
+    stored_key: Key,
+    scope: String,
+    /// When its stored outcome expires (unix seconds).
+    expires: Option<u64>,
+}
+
+/// What the handler's run leaves beside the outcome the engine stores.
+struct HandlerRun<B, E> {
+    /// The first caller gets the handler's response whole (every header, or the body as it
+    /// streams); the store keeps the chosen headers only, for replays.
+    first: Mutex<Option<Response<ResponseBody<B>>>>,
+    /// The inner service's own error, which the first caller gets.
+    inner_error: Mutex<Option<E>>,
+    /// Set once the handler has been called: from then on a failure of the engine is not
+    /// "nothing happened", whatever it says.
+    ran: AtomicBool,
+}
+
+impl<B, E> Default for HandlerRun<B, E> {
+    fn default() -> Self {
+        HandlerRun {
+            first: Mutex::new(None),
+            inner_error: Mutex::new(None),
+            ran: AtomicBool::new(false),
+        }
+    }
+}
+
+impl<B, E> HandlerRun<B, E>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    fn first(&self) -> Option<Response<ResponseBody<B>>> {
+        self.first.lock().expect("not poisoned").take()
+    }
+
+    fn inner_error(&self) -> Option<E> {
+        self.inner_error.lock().expect("not poisoned").take()
+    }
+
+    fn ran(&self) -> bool {
+        self.ran.load(Ordering::SeqCst)
+    }
+
+    /// The engine's body: calls the handler, and answers what the store keeps of its
+    /// response (a problem in place of a failure or panic).
+    async fn handle<S, ReqBody>(
+        &self,
+        request: &GuardedRequest<'_>,
+        inner: &mut S,
+        req: Request<ReqBody>,
+    ) -> Result<StoredResponse, Failure<B>>
+    where
+        S: Service<Request<ReqBody>, Response = Response<B>, Error = E>,
+    {
+        let (client_key, expires) = (request.client_key, request.expires);
+        self.ran.store(true, Ordering::SeqCst);
+        // The call itself inside the catch: a service may panic before its future.
+        let called = AssertUnwindSafe(async { inner.call(req).await }).catch_unwind();
+        let res = match called.await {
+            Ok(Ok(res)) => res,
+            Ok(Err(err)) => {
+                *self.inner_error.lock().expect("not poisoned") = Some(err);
+                let problem = Problem::handler_failed(format!(
+                    "the service failed while it handled the request with the idempotency key `{client_key}`; it may have taken effect, so a retry gets this answer"
+                ));
+                return Ok(StoredResponse::problem(&problem, expires));
+            }
+            Err(panic) => {
+                tracing::error!(target: "idem_http", panic = panic_message(&*panic), "an idempotent request's handler panicked; its outcome is stored as a 500");
+                let problem = Problem::handler_failed(format!(
+                    "the handler panicked while it handled the request with the idempotency key `{client_key}`; it may have taken effect, so a retry gets this answer"
+                ));
+                return Ok(StoredResponse::problem(&problem, expires));
+            }
+        };
+        self.keep(request, res).await
+    }
+
+    /// What the store keeps of the handler's response: the response read whole, or a
+    /// problem when it is too large or its body fails; a response that is not the
+    /// operation's result is not stored.
+    async fn keep(
+        &self,
+        request: &GuardedRequest<'_>,
+        res: Response<B>,
+    ) -> Result<StoredResponse, Failure<B>> {
+        let (config, client_key, expires) = (request.config, request.client_key, request.expires);
+        let marked = res.extensions().get::<RetrySafe>().is_some();
+        if marked || !config.stores_status(res.status()) {
+            let mut res = res.map(ResponseBody::inner);
+            if marked || config.retryable_unstored(res.status()) {
+                res = retryable(res);
+            }
+            return Err(Failure::NotStored(res));
+        }
+        let (mut parts, body) = res.into_parts();
+        if let Some(value) = expires.and_then(expiry_header) {
+            parts.headers.insert(IDEMPOTENCY_KEY_EXPIRES, value);
+        }
+        let read = AssertUnwindSafe(read_bounded(body, config, &parts))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|panic| {
+                Read::Failed(format!("it panicked: {}", panic_message(&*panic)).into())
+            });
+        let first = |res| *self.first.lock().expect("not poisoned") = Some(res);
+        match read {
+            Read::Whole(bytes) => {
+                let stored = StoredResponse::new(&parts, &bytes, &config.stored_headers, expires);
+                first(Response::from_parts(parts, ResponseBody::full(bytes)));
+                Ok(stored)
+            }
+            Read::TooLarge { read, rest } => {
+                tracing::warn!(target: "idem_http", limit = config.max_response_body, "an idempotent response is too large or streaming to store; a retry gets a problem response");
+                first(Response::from_parts(
+                    parts,
+                    ResponseBody::resumed(read, rest),
+                ));
+                let problem = Problem::response_not_stored(client_key, config.max_response_body);
+                Ok(StoredResponse::problem(&problem, expires))
+            }
+            Read::Failed(err) => {
+                let problem = Problem::handler_failed(format!(
+                    "the handler's response body failed ({err}) after the request with the idempotency key `{client_key}` ran; it may have taken effect, so a retry gets this answer"
+                ));
+                Ok(StoredResponse::problem(&problem, expires))
+            }
+        }
+    }
+
+    /// The answer when the engine refused or failed.
+    fn failed(self, request: &GuardedRequest<'_>, err: idem_core::Error) -> Answer<B, E> {
+        let (client_key, scope) = (request.client_key, &request.scope);
+        match err {
+            // A step of the handler's failed in a way that leaves its outcome unknown (this
+            // request), or an earlier request's did (a retry): the key is held, and whatever
+            // the handler answered is not what the client gets, since nobody knows yet
+            // whether the operation took effect. Neither a `Retry-After` nor the retryable
+            // mark: a retry can only get this answer again until the step is resolved.
+            idem_core::Error::OutcomeUnknown { ref step, .. } => {
+                if self.ran() {
+                    tracing::warn!(target: "idem_http", key = %request.stored_key, step = %step,
                         "an idempotent request's step has an unknown outcome: its key is held until the step is resolved (`idem steps` / `idem resolve` with this key; `idem get --scope .. --idempotency-key ..` finds a key whose client is `@[client]`)");
                 } else {
                     tracing::debug!(target: "idem_http", scope = %scope, idempotency_key = %client_key.escape_debug(), step = %step,
                         "a request on a held key: its step's outcome is still unknown");
                 }
+                self.inner_error();
+                Ok(Problem::for_client(&err, client_key).to_response())
             }
-            inner_error.lock().expect("not poisoned").take();
-            Ok(Problem::for_client(&err, &client_key).to_response())
-        }
-        Err(Failure::Idem(err)) if ran.load(Ordering::SeqCst) => {
-            // The handler ran, but its outcome could not be stored (the store failed at
-            // the end): the claim is kept until its lease ends. The first caller gets the
-            // handler's own response if there is one; else a problem that is not marked
-            // retryable, since a retry after the lease would run it again.
-            tracing::warn!(target: "idem_http", scope = %scope, idempotency_key = %client_key.escape_debug(), error = %without_key(&err), "an idempotent request ran but its outcome could not be stored");
-            if let Some(err) = inner_error.lock().expect("not poisoned").take() {
-                return Err(err);
+            err if self.ran() => {
+                // The handler ran, but its outcome could not be stored (the store failed at
+                // the end): the claim is kept until its lease ends. The first caller gets
+                // the handler's own response if there is one; else a problem that is not
+                // marked retryable, since a retry after the lease would run it again.
+                tracing::warn!(target: "idem_http", scope = %scope, idempotency_key = %client_key.escape_debug(), error = %without_key(&err), "an idempotent request ran but its outcome could not be stored");
+                if let Some(err) = self.inner_error() {
+                    return Err(err);
+                }
+                let res = match self.first() {
+                    Some(res) => res,
+                    None => Problem::not_stored_after_run(client_key).to_response(),
+                };
+                Ok(not_stored(res))
             }
-            let res = match first.lock().expect("not poisoned").take() {
-                Some(res) => res,
-                None => Problem::not_stored_after_run(&client_key).to_response(),
-            };
-            Ok(not_stored(res))
+            err => Ok(refused(&err, client_key, scope)),
         }
-        Err(Failure::Idem(err)) => {
-            use idem_core::Error as E;
-            let problem = Problem::for_client(&err, &client_key);
-            if problem.status.is_server_error() {
-                tracing::warn!(target: "idem_http", scope = %scope, error = %without_key(&err), status = problem.status.as_u16(), "idempotent request failed in the layer");
-            } else {
-                tracing::debug!(target: "idem_http", scope = %scope, error = %without_key(&err), status = problem.status.as_u16(), "idempotent request refused");
-            }
-            // Nothing ran for these (or it still runs): the same request later is safe.
-            let safe = matches!(
-                err,
-                E::InProgress { .. } | E::WaitTimeout { .. } | E::Store { .. }
-            );
-            let res = problem.to_response();
-            Ok(if safe { retryable(res) } else { res })
-        }
-        Err(Failure::NotStored(res)) => Ok(res),
+    }
+}
+
+/// The answer when the engine refused a request before its handler ran: nothing ran for
+/// an answer marked retryable (or it still runs), so the same request later is safe.
+fn refused<B: From<Bytes>>(err: &idem_core::Error, client_key: &str, scope: &str) -> Response<B> {
+    use idem_core::Error as E;
+    let problem = Problem::for_client(err, client_key);
+    if problem.status.is_server_error() {
+        tracing::warn!(target: "idem_http", scope = %scope, error = %without_key(err), status = problem.status.as_u16(), "idempotent request failed in the layer");
+    } else {
+        tracing::debug!(target: "idem_http", scope = %scope, error = %without_key(err), status = problem.status.as_u16(), "idempotent request refused");
+    }
+    let safe = matches!(
+        err,
+        E::InProgress { .. } | E::WaitTimeout { .. } | E::Store { .. }
+    );
+    let res = problem.to_response();
+    if safe {
+        retryable(res)
+    } else {
+        res
     }
 }
 

@@ -8,7 +8,6 @@
 //! so they run here as doctests, against this package's dev-dependencies:
 //! `cargo test -p idem-integration --all-features --doc guide`.
 #![deny(missing_docs)]
-#![forbid(unsafe_code)]
 
 #[cfg(doctest)]
 #[path = "../../src/guide/mod.rs"]

@@ -186,18 +186,14 @@ impl Parse for Args {
 }
 
 impl Args {
+    /// One option and its value. The options that say what a call stores, and under which
+    /// key, are here; those that say how the call behaves are in
+    /// [`parse_behaviour`](Self::parse_behaviour).
     fn parse_one(&mut self, input: ParseStream<'_>) -> syn::Result<()> {
         let name_span = input.span();
         if input.peek(Token![crate]) {
             input.parse::<Token![crate]>()?;
-            input.parse::<Token![=]>()?;
-            let lit: LitStr = input.parse()?;
-            let path = lit.parse::<syn::Path>().map_err(|_| {
-                syn::Error::new(
-                    lit.span(),
-                    "`crate` takes the path of the renamed `idem` dependency, like `crate = \"my_idem\"`",
-                )
-            })?;
+            let path = parse_crate_path(input)?;
             return self.set(|a| &mut a.krate, "crate", name_span, path);
         }
         if input.peek(kw::key) {
@@ -222,58 +218,6 @@ impl Args {
             input.parse::<Token![=]>()?;
             let expr = input.parse()?;
             self.set(|a| &mut a.store, "store", name_span, expr)
-        } else if input.peek(kw::ttl) {
-            input.parse::<kw::ttl>()?;
-            let d = self.parse_duration(input)?;
-            self.set(|a| &mut a.ttl, "ttl", name_span, d)
-        } else if input.peek(kw::lease) {
-            input.parse::<kw::lease>()?;
-            let d = self.parse_duration(input)?;
-            self.set(|a| &mut a.lease, "lease", name_span, d)
-        } else if input.peek(kw::wait_timeout) {
-            input.parse::<kw::wait_timeout>()?;
-            let d = self.parse_duration(input)?;
-            self.set(|a| &mut a.wait_timeout, "wait_timeout", name_span, d)
-        } else if input.peek(kw::in_progress) {
-            input.parse::<kw::in_progress>()?;
-            input.parse::<Token![=]>()?;
-            let lit = self.parse_lit_str(
-                input,
-                "in_progress",
-                "`in_progress = \"reject\"` or `in_progress = \"wait\"`",
-            )?;
-            let mode = match lit.value().as_str() {
-                "reject" => InProgressMode::Reject,
-                "wait" => InProgressMode::Wait,
-                other => {
-                    self.errors.push(syn::Error::new(
-                        lit.span(),
-                        format!("unknown `in_progress` value `{other:?}`; expected \"reject\" (answer `idem::Error::InProgress` at once) or \"wait\" (wait for the first call's result)"),
-                    ));
-                    InProgressMode::Reject
-                }
-            };
-            self.set(|a| &mut a.in_progress, "in_progress", name_span, mode)
-        } else if input.peek(kw::lease_loss) {
-            input.parse::<kw::lease_loss>()?;
-            input.parse::<Token![=]>()?;
-            let lit = self.parse_lit_str(
-                input,
-                "lease_loss",
-                "`lease_loss = \"cancel\"` or `lease_loss = \"finish\"`",
-            )?;
-            let mode = match lit.value().as_str() {
-                "cancel" => LeaseLossMode::Cancel,
-                "finish" => LeaseLossMode::Finish,
-                other => {
-                    self.errors.push(syn::Error::new(
-                        lit.span(),
-                        format!("unknown `lease_loss` value `{other:?}`; expected \"cancel\" (drop the body when its lease is lost) or \"finish\" (let it run to its end)"),
-                    ));
-                    LeaseLossMode::Cancel
-                }
-            };
-            self.set(|a| &mut a.lease_loss, "lease_loss", name_span, mode)
         } else if input.peek(kw::fingerprint) {
             input.parse::<kw::fingerprint>()?;
             input.parse::<Token![=]>()?;
@@ -290,12 +234,51 @@ impl Args {
             let content;
             syn::parenthesized!(content in input);
             let names = content.parse_terminated(parse_skip_name, Token![,])?;
-            self.set(
-                |a| &mut a.skip,
-                "skip",
-                name_span,
-                names.into_iter().collect(),
-            )
+            let names = names.into_iter().collect();
+            self.set(|a| &mut a.skip, "skip", name_span, names)
+        } else if input.peek(kw::codec) {
+            input.parse::<kw::codec>()?;
+            input.parse::<Token![=]>()?;
+            let expr = input.parse()?;
+            self.set(|a| &mut a.codec, "codec", name_span, expr)
+        } else if input.peek(kw::version) {
+            input.parse::<kw::version>()?;
+            input.parse::<Token![=]>()?;
+            let version = self.parse_version(input)?;
+            self.set(|a| &mut a.version, "version", name_span, version)
+        } else if input.peek(kw::__impl) {
+            input.parse::<kw::__impl>()?;
+            input.parse::<Token![=]>()?;
+            let lit: LitStr = input.parse()?;
+            self.set(|a| &mut a.impl_path, "__impl", name_span, lit)
+        } else {
+            self.parse_behaviour(input, name_span)
+        }
+    }
+
+    /// One option that says how a call behaves (its times, what it does with a duplicate,
+    /// a lost lease, an error, a missing key), or an unknown option's error.
+    fn parse_behaviour(&mut self, input: ParseStream<'_>, name_span: Span) -> syn::Result<()> {
+        if input.peek(kw::ttl) {
+            input.parse::<kw::ttl>()?;
+            let d = self.parse_duration(input)?;
+            self.set(|a| &mut a.ttl, "ttl", name_span, d)
+        } else if input.peek(kw::lease) {
+            input.parse::<kw::lease>()?;
+            let d = self.parse_duration(input)?;
+            self.set(|a| &mut a.lease, "lease", name_span, d)
+        } else if input.peek(kw::wait_timeout) {
+            input.parse::<kw::wait_timeout>()?;
+            let d = self.parse_duration(input)?;
+            self.set(|a| &mut a.wait_timeout, "wait_timeout", name_span, d)
+        } else if input.peek(kw::in_progress) {
+            input.parse::<kw::in_progress>()?;
+            let mode = self.parse_in_progress(input)?;
+            self.set(|a| &mut a.in_progress, "in_progress", name_span, mode)
+        } else if input.peek(kw::lease_loss) {
+            input.parse::<kw::lease_loss>()?;
+            let mode = self.parse_lease_loss(input)?;
+            self.set(|a| &mut a.lease_loss, "lease_loss", name_span, mode)
         } else if input.peek(kw::cache_errors) {
             input.parse::<kw::cache_errors>()?;
             let pred = if input.peek(Token![=]) {
@@ -305,91 +288,105 @@ impl Args {
                 None
             };
             self.set(|a| &mut a.cache_errors, "cache_errors", name_span, pred)
-        } else if input.peek(kw::codec) {
-            input.parse::<kw::codec>()?;
-            input.parse::<Token![=]>()?;
-            let expr = input.parse()?;
-            self.set(|a| &mut a.codec, "codec", name_span, expr)
-        } else if input.peek(kw::version) {
-            input.parse::<kw::version>()?;
-            input.parse::<Token![=]>()?;
-            let version = if input.peek(syn::LitInt) {
-                let lit: syn::LitInt = input.parse()?;
-                if let Err(e) = lit.base10_parse::<u64>() {
-                    self.errors.push(syn::Error::new(
-                        lit.span(),
-                        format!("`version` takes a whole number from 0 up (a u64): {e}"),
-                    ));
-                }
-                lit
-            } else {
-                let expr: Expr = input.parse()?;
-                let span = expr.span();
-                self.stray.push(expr);
-                return Err(syn::Error::new(
-                    span,
-                    "`version` takes an integer literal, like `version = 2`: it is written into every stored record, so it is fixed in the source",
-                ));
-            };
-            self.set(|a| &mut a.version, "version", name_span, version)
         } else if input.peek(kw::at_most_once) {
             input.parse::<kw::at_most_once>()?;
-            if input.peek(Token![=]) {
-                return Err(syn::Error::new(
-                    input.span(),
-                    "`at_most_once` takes no value: write it alone, as in `#[idempotent(key = id, at_most_once)]`",
-                ));
-            }
+            no_value(input, "at_most_once")?;
             self.set(|a| &mut a.at_most_once, "at_most_once", name_span, ())
         } else if input.peek(kw::clone_cached) {
             input.parse::<kw::clone_cached>()?;
-            if input.peek(Token![=]) {
-                return Err(syn::Error::new(
-                    input.span(),
-                    "`clone_cached` takes no value: write it alone, as in `#[idempotent(key = id, clone_cached)]`",
-                ));
-            }
+            no_value(input, "clone_cached")?;
             self.set(|a| &mut a.clone_cached, "clone_cached", name_span, ())
         } else if input.peek(kw::missing_key) {
             input.parse::<kw::missing_key>()?;
-            input.parse::<Token![=]>()?;
-            let lit = self.parse_lit_str(
-                input,
-                "missing_key",
-                "`missing_key = \"error\"` or `missing_key = \"run\"`",
-            )?;
-            let mode = match lit.value().as_str() {
-                "error" => MissingKeyMode::Error,
-                "run" => MissingKeyMode::Run,
-                other => {
-                    self.errors.push(syn::Error::new(
-                        lit.span(),
-                        format!("unknown `missing_key` value `{other:?}`; expected \"error\" (a `None` key answers `idem::Error::MissingKey`) or \"run\" (a `None` key runs the body without idempotency)"),
-                    ));
-                    MissingKeyMode::Error
-                }
-            };
+            let mode = self.parse_missing_key(input)?;
             self.set(|a| &mut a.missing_key, "missing_key", name_span, mode)
-        } else if input.peek(kw::__impl) {
-            input.parse::<kw::__impl>()?;
-            input.parse::<Token![=]>()?;
-            let lit: LitStr = input.parse()?;
-            self.set(|a| &mut a.impl_path, "__impl", name_span, lit)
         } else {
-            let unknown: proc_macro2::TokenTree = input.parse()?;
-            let name = unknown.to_string();
-            let hint = match closest_option(&name) {
-                Some(option) => format!("did you mean `{option}`? "),
-                None => String::new(),
-            };
-            Err(syn::Error::new(
-                unknown.span(),
-                format!(
-                    "unknown option `{unknown}` of #[idempotent]; {hint}expected one of: {}",
-                    OPTIONS.join(", ")
-                ),
-            ))
+            Err(unknown_option(input)?)
         }
+    }
+
+    /// `= <integer>`: a non-literal is kept (for its spans) and refused.
+    fn parse_version(&mut self, input: ParseStream<'_>) -> syn::Result<syn::LitInt> {
+        if !input.peek(syn::LitInt) {
+            let expr: Expr = input.parse()?;
+            let span = expr.span();
+            self.stray.push(expr);
+            return Err(syn::Error::new(
+                span,
+                "`version` takes an integer literal, like `version = 2`: it is written into every stored record, so it is fixed in the source",
+            ));
+        }
+        let lit: syn::LitInt = input.parse()?;
+        if let Err(e) = lit.base10_parse::<u64>() {
+            self.errors.push(syn::Error::new(
+                lit.span(),
+                format!("`version` takes a whole number from 0 up (a u64): {e}"),
+            ));
+        }
+        Ok(lit)
+    }
+
+    /// `= "reject"` or `= "wait"`.
+    fn parse_in_progress(&mut self, input: ParseStream<'_>) -> syn::Result<InProgressMode> {
+        input.parse::<Token![=]>()?;
+        let lit = self.parse_lit_str(
+            input,
+            "in_progress",
+            "`in_progress = \"reject\"` or `in_progress = \"wait\"`",
+        )?;
+        Ok(match lit.value().as_str() {
+            "reject" => InProgressMode::Reject,
+            "wait" => InProgressMode::Wait,
+            other => {
+                self.errors.push(syn::Error::new(
+                    lit.span(),
+                    format!("unknown `in_progress` value `{other:?}`; expected \"reject\" (answer `idem::Error::InProgress` at once) or \"wait\" (wait for the first call's result)"),
+                ));
+                InProgressMode::Reject
+            }
+        })
+    }
+
+    /// `= "cancel"` or `= "finish"`.
+    fn parse_lease_loss(&mut self, input: ParseStream<'_>) -> syn::Result<LeaseLossMode> {
+        input.parse::<Token![=]>()?;
+        let lit = self.parse_lit_str(
+            input,
+            "lease_loss",
+            "`lease_loss = \"cancel\"` or `lease_loss = \"finish\"`",
+        )?;
+        Ok(match lit.value().as_str() {
+            "cancel" => LeaseLossMode::Cancel,
+            "finish" => LeaseLossMode::Finish,
+            other => {
+                self.errors.push(syn::Error::new(
+                    lit.span(),
+                    format!("unknown `lease_loss` value `{other:?}`; expected \"cancel\" (drop the body when its lease is lost) or \"finish\" (let it run to its end)"),
+                ));
+                LeaseLossMode::Cancel
+            }
+        })
+    }
+
+    /// `= "error"` or `= "run"`.
+    fn parse_missing_key(&mut self, input: ParseStream<'_>) -> syn::Result<MissingKeyMode> {
+        input.parse::<Token![=]>()?;
+        let lit = self.parse_lit_str(
+            input,
+            "missing_key",
+            "`missing_key = \"error\"` or `missing_key = \"run\"`",
+        )?;
+        Ok(match lit.value().as_str() {
+            "error" => MissingKeyMode::Error,
+            "run" => MissingKeyMode::Run,
+            other => {
+                self.errors.push(syn::Error::new(
+                    lit.span(),
+                    format!("unknown `missing_key` value `{other:?}`; expected \"error\" (a `None` key answers `idem::Error::MissingKey`) or \"run\" (a `None` key runs the body without idempotency)"),
+                ));
+                MissingKeyMode::Error
+            }
+        })
     }
 
     /// Records an option, or an error at its name when it was already given.
@@ -453,6 +450,46 @@ impl Args {
             Ok(DurationArg::Expr(Box::new(input.parse()?)))
         }
     }
+}
+
+/// `= "<path>"`: the path of the renamed `idem` dependency.
+fn parse_crate_path(input: ParseStream<'_>) -> syn::Result<syn::Path> {
+    input.parse::<Token![=]>()?;
+    let lit: LitStr = input.parse()?;
+    lit.parse::<syn::Path>().map_err(|_| {
+        syn::Error::new(
+            lit.span(),
+            "`crate` takes the path of the renamed `idem` dependency, like `crate = \"my_idem\"`",
+        )
+    })
+}
+
+/// A flag option's error when a value follows it.
+fn no_value(input: ParseStream<'_>, option: &str) -> syn::Result<()> {
+    if input.peek(Token![=]) {
+        return Err(syn::Error::new(
+            input.span(),
+            format!("`{option}` takes no value: write it alone, as in `#[idempotent(key = id, {option})]`"),
+        ));
+    }
+    Ok(())
+}
+
+/// The error for an option #[idempotent] does not know, with the closest one it does.
+fn unknown_option(input: ParseStream<'_>) -> syn::Result<syn::Error> {
+    let unknown: proc_macro2::TokenTree = input.parse()?;
+    let name = unknown.to_string();
+    let hint = match closest_option(&name) {
+        Some(option) => format!("did you mean `{option}`? "),
+        None => String::new(),
+    };
+    Ok(syn::Error::new(
+        unknown.span(),
+        format!(
+            "unknown option `{unknown}` of #[idempotent]; {hint}expected one of: {}",
+            OPTIONS.join(", ")
+        ),
+    ))
 }
 
 /// Whether exactly one token is left (so that `fingerprint = none` is the keyword, while

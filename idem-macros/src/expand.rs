@@ -300,58 +300,7 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
         None => quote!(#pr::request_print(::core::borrow::Borrow::borrow(&#engine), &#digest)),
     };
 
-    let mut options = TokenStream::new();
-    for (method, opt) in [
-        ("ttl", &args.ttl),
-        ("lease", &args.lease),
-        ("wait_timeout", &args.wait_timeout),
-    ] {
-        if let Some(opt) = opt {
-            let method = Ident::new(method, opt.name);
-            let value = match &opt.value {
-                DurationArg::Millis(ms, span) => quote_spanned!(*span=> #pr::duration_ms(#ms)),
-                DurationArg::Expr(expr) => {
-                    quote_spanned!(expr.span()=> #pr::into_duration(#expr))
-                }
-            };
-            options.extend(quote!(.#method(#value)));
-        }
-    }
-    if let Some(opt) = &args.in_progress {
-        let mode = match opt.value {
-            InProgressMode::Reject => quote!(Reject),
-            InProgressMode::Wait => quote!(Wait),
-        };
-        options.extend(quote!(.in_progress(#pr::InProgress::#mode)));
-    }
-    if let Some(opt) = &args.lease_loss {
-        let mode = match opt.value {
-            LeaseLossMode::Cancel => quote!(Cancel),
-            LeaseLossMode::Finish => quote!(Finish),
-        };
-        options.extend(quote!(.lease_loss(#pr::LeaseLoss::#mode)));
-    }
-    if args.at_most_once.is_some() {
-        options.extend(quote!(.at_most_once()));
-    }
-    if let Some(opt) = &args.codec {
-        let expr = &opt.value;
-        options.extend(quote!(.codec(#expr)));
-    }
-    if let Some(opt) = &args.version {
-        let version = &opt.value;
-        options.extend(quote!(.version(#version)));
-    }
-    if let Some(Opt {
-        value: MissingKeyMode::Run,
-        ..
-    }) = &args.missing_key
-    {
-        options.extend(quote!(.missing_key(#pr::MissingKey::Run)));
-    }
-    if checked.outcome {
-        options.extend(quote!(.with_outcome()));
-    }
+    let options = call_options(args, checked.outcome, &pr);
     let predicate = match &args.cache_errors {
         Some(opt) => match &opt.value {
             Some(pred) => quote!(#pred,),
@@ -431,6 +380,64 @@ fn generate(mut func: ItemFn, args: &Args, checked: Func) -> TokenStream {
         }
     }
     func.into_token_stream()
+}
+
+/// The engine call's options given in the attribute, as builder calls on the call
+/// (`.ttl(..)`, `.in_progress(..)`, ...).
+fn call_options(args: &Args, outcome: bool, pr: &TokenStream) -> TokenStream {
+    let mut options = TokenStream::new();
+    for (method, opt) in [
+        ("ttl", &args.ttl),
+        ("lease", &args.lease),
+        ("wait_timeout", &args.wait_timeout),
+    ] {
+        if let Some(opt) = opt {
+            let method = Ident::new(method, opt.name);
+            let value = match &opt.value {
+                DurationArg::Millis(ms, span) => quote_spanned!(*span=> #pr::duration_ms(#ms)),
+                DurationArg::Expr(expr) => {
+                    quote_spanned!(expr.span()=> #pr::into_duration(#expr))
+                }
+            };
+            options.extend(quote!(.#method(#value)));
+        }
+    }
+    if let Some(opt) = &args.in_progress {
+        let mode = match opt.value {
+            InProgressMode::Reject => quote!(Reject),
+            InProgressMode::Wait => quote!(Wait),
+        };
+        options.extend(quote!(.in_progress(#pr::InProgress::#mode)));
+    }
+    if let Some(opt) = &args.lease_loss {
+        let mode = match opt.value {
+            LeaseLossMode::Cancel => quote!(Cancel),
+            LeaseLossMode::Finish => quote!(Finish),
+        };
+        options.extend(quote!(.lease_loss(#pr::LeaseLoss::#mode)));
+    }
+    if args.at_most_once.is_some() {
+        options.extend(quote!(.at_most_once()));
+    }
+    if let Some(opt) = &args.codec {
+        let expr = &opt.value;
+        options.extend(quote!(.codec(#expr)));
+    }
+    if let Some(opt) = &args.version {
+        let version = &opt.value;
+        options.extend(quote!(.version(#version)));
+    }
+    if let Some(Opt {
+        value: MissingKeyMode::Run,
+        ..
+    }) = &args.missing_key
+    {
+        options.extend(quote!(.missing_key(#pr::MissingKey::Run)));
+    }
+    if outcome {
+        options.extend(quote!(.with_outcome()));
+    }
+    options
 }
 
 /// `#[async_trait]` moves each argument into its future with `let x = x;` among the

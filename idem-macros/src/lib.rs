@@ -1,7 +1,6 @@
 //! The `#[idempotent]` attribute of idem. Use it through the `idem` crate, which
 //! re-exports it and documents every option.
 #![deny(missing_docs)]
-#![forbid(unsafe_code)]
 
 mod attr;
 mod expand;

@@ -54,10 +54,70 @@ pub struct Refused {
     pub func: Option<Box<Func>>,
 }
 
+/// Checks the function against its options: every error found, or what the expansion
+/// needs to know about it.
 pub fn check(func: &ItemFn, args: &Args) -> Result<Func, Refused> {
     let mut errors: Vec<syn::Error> = Vec::new();
     let sig = &func.sig;
+    let shape = shape(func, &mut errors);
+    let (body_ty, ret) = body_type(shape.as_ref(), sig, args, &mut errors);
 
+    // `Outcome<T>` in the place of the stored value: the body evaluates to `T` there.
+    let (body_ty, ret, outcome) = unwrap_outcome(body_ty, ret);
+    // (Not for a fn refused above: its `impl Future` is not a stored type.)
+    if let (Some(_), Some(span)) = (&shape, find_impl_trait(&body_ty)) {
+        errors.push(syn::Error::new(
+            span,
+            "the result of an #[idempotent] fn is decoded from the store, so its type must be concrete: `impl Trait` cannot be decoded",
+        ));
+    }
+
+    if let (Some(opt), Ret::Value(ty)) = (&args.cache_errors, &ret) {
+        errors.push(syn::Error::new(
+            opt.name,
+            format!(
+                "`cache_errors` needs a function that returns `Result<T, E>`; this one returns `{}`",
+                quote::ToTokens::to_token_stream(ty)
+            ),
+        ));
+    }
+
+    if args.scope.is_none() {
+        scope_needed(sig, args, &mut errors);
+    }
+    let digested = digested(sig, args, &mut errors);
+
+    let func = shape.map(|shape| Func {
+        shape,
+        ret,
+        body_ty,
+        outcome,
+        digested,
+    });
+    let mut errors = args.errors.iter().cloned().chain(errors);
+    match (errors.next(), func) {
+        (None, Some(func)) => Ok(func),
+        (Some(mut error), func) => {
+            for e in errors {
+                error.combine(e);
+            }
+            Err(Refused {
+                error,
+                func: func.map(Box::new),
+            })
+        }
+        // Each branch that leaves the shape unknown reports why; this is for safety.
+        (None, None) => Err(Refused {
+            error: syn::Error::new(sig.fn_token.span, "#[idempotent] cannot rewrite this fn"),
+            func: None,
+        }),
+    }
+}
+
+/// How the function's body is reached, or `None` (with the reason in `errors`) when it
+/// is not a function the macro can rewrite.
+fn shape(func: &ItemFn, errors: &mut Vec<syn::Error>) -> Option<Shape> {
+    let sig = &func.sig;
     let mut shape = None;
     if let Some(constness) = &sig.constness {
         errors.push(syn::Error::new(
@@ -98,8 +158,17 @@ pub fn check(func: &ItemFn, args: &Args) -> Result<Func, Refused> {
         ));
     }
 
-    // The type the body evaluates to, and whether it is a `Result`.
-    let (body_ty, ret) = match &shape {
+    shape
+}
+
+/// The type the body evaluates to, and whether it is a `Result`.
+fn body_type(
+    shape: Option<&Shape>,
+    sig: &syn::Signature,
+    args: &Args,
+    errors: &mut Vec<syn::Error>,
+) -> (Type, Ret) {
+    let (body_ty, ret) = match shape {
         Some(Shape::AsyncTrait { .. }) => match future_output(&sig.output) {
             Some(ty) => {
                 let ret = classify(ty);
@@ -126,7 +195,7 @@ pub fn check(func: &ItemFn, args: &Args) -> Result<Func, Refused> {
     };
     // In a trait impl the trait fixes the signature, so a plain `T` cannot become
     // `Result<T, idem::Error>`. `#[idem::scoped]` says whether this is one.
-    if let (Some(Shape::Async), true, Ret::Value(ty)) = (&shape, in_trait_impl(args), &ret) {
+    if let (Some(Shape::Async), true, Ret::Value(ty)) = (shape, in_trait_impl(args), &ret) {
         let message = format!(
             "in a trait impl, #[idempotent] cannot turn `{ty}` into `Result<{ty}, idem::Error>`: the trait fixes the method's return type. Declare the method as returning `Result<{ty}, E>` with `E: From<idem::Error>`, in the trait and here",
             ty = quote::ToTokens::to_token_stream(ty)
@@ -137,51 +206,36 @@ pub fn check(func: &ItemFn, args: &Args) -> Result<Func, Refused> {
         });
     }
 
-    // `Outcome<T>` in the place of the stored value: the body evaluates to `T` there.
-    let (body_ty, ret, outcome) = unwrap_outcome(body_ty, ret);
-    // (Not for a fn refused above: its `impl Future` is not a stored type.)
-    if let (Some(_), Some(span)) = (&shape, find_impl_trait(&body_ty)) {
-        errors.push(syn::Error::new(
-            span,
-            "the result of an #[idempotent] fn is decoded from the store, so its type must be concrete: `impl Trait` cannot be decoded",
-        ));
-    }
+    (body_ty, ret)
+}
 
-    if let (Some(opt), Ret::Value(ty)) = (&args.cache_errors, &ret) {
+/// Scopes the source cannot spell. A method's default scope names its type, which an
+/// attribute on a fn cannot see: `#[idem::scoped]` on the impl block tells it. A generic
+/// fn's instantiations would all share the fn's scope, so the user must say so.
+fn scope_needed(sig: &syn::Signature, args: &Args, errors: &mut Vec<syn::Error>) {
+    if let (Some(receiver), None) = (sig.receiver(), &args.impl_path) {
         errors.push(syn::Error::new(
-            opt.name,
+            receiver.self_token.span,
             format!(
-                "`cache_errors` needs a function that returns `Result<T, E>`; this one returns `{}`",
-                quote::ToTokens::to_token_stream(ty)
+                "the default scope of a method names its type, which #[idempotent] cannot see from the method: put `#[idem::scoped]` on the impl block (the scope is then `<module>::<Type>::{name}`), or give this method a `scope = \"...\"`",
+                name = sig.ident
             ),
         ));
     }
-
-    // Scopes the source cannot spell. A method's default scope names its type, which an
-    // attribute on a fn cannot see: `#[idem::scoped]` on the impl block tells it. A generic
-    // fn's instantiations would all share the fn's scope, so the user must say so.
-    if args.scope.is_none() {
-        if let (Some(receiver), None) = (sig.receiver(), &args.impl_path) {
-            errors.push(syn::Error::new(
-                receiver.self_token.span,
-                format!(
-                    "the default scope of a method names its type, which #[idempotent] cannot see from the method: put `#[idem::scoped]` on the impl block (the scope is then `<module>::<Type>::{name}`), or give this method a `scope = \"...\"`",
-                    name = sig.ident
-                ),
-            ));
-        }
-        if let Some(span) = generic_span(sig) {
-            errors.push(syn::Error::new(
-                span,
-                format!(
-                    "a generic #[idempotent] fn needs a `scope = \"...\"`: every instantiation of `{name}` would share one default scope, and the source cannot name them apart; with an explicit scope they share it knowingly, so put what tells them apart (a type's name constant, say) into `key`",
-                    name = sig.ident
-                ),
-            ));
-        }
+    if let Some(span) = generic_span(sig) {
+        errors.push(syn::Error::new(
+            span,
+            format!(
+                "a generic #[idempotent] fn needs a `scope = \"...\"`: every instantiation of `{name}` would share one default scope, and the source cannot name them apart; with an explicit scope they share it knowingly, so put what tells them apart (a type's name constant, say) into `key`",
+                name = sig.ident
+            ),
+        ));
     }
+}
 
-    // Argument bindings, and `skip` names that must be among them.
+/// The bindings of the arguments that are digested; a `skip` name that is none of the
+/// arguments is an error.
+fn digested(sig: &syn::Signature, args: &Args, errors: &mut Vec<syn::Error>) -> Vec<Ident> {
     let bound = bound_names(sig);
     let skipped: &[Ident] = args.skip.as_ref().map_or(&[], |s| &s.value);
     for name in skipped {
@@ -204,36 +258,10 @@ pub fn check(func: &ItemFn, args: &Args) -> Result<Func, Refused> {
         .store
         .as_ref()
         .and_then(|opt| engine_argument(&opt.value));
-    let digested = bound
+    bound
         .into_iter()
         .filter(|b| !skipped.iter().any(|s| s == b) && Some(b) != engine_arg)
-        .collect();
-
-    let func = shape.map(|shape| Func {
-        shape,
-        ret,
-        body_ty,
-        outcome,
-        digested,
-    });
-    let mut errors = args.errors.iter().cloned().chain(errors);
-    match (errors.next(), func) {
-        (None, Some(func)) => Ok(func),
-        (Some(mut error), func) => {
-            for e in errors {
-                error.combine(e);
-            }
-            Err(Refused {
-                error,
-                func: func.map(Box::new),
-            })
-        }
-        // Each branch that leaves the shape unknown reports why; this is for safety.
-        (None, None) => Err(Refused {
-            error: syn::Error::new(sig.fn_token.span, "#[idempotent] cannot rewrite this fn"),
-            func: None,
-        }),
-    }
+        .collect()
 }
 
 /// Whether `#[idem::scoped]` says the method is in a trait impl, whose trait fixes its

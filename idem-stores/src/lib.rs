@@ -5,7 +5,6 @@
 //! `redis-tls` (rustls on ring). [`connect`] picks one from a URL. The
 //! three SQL stores are one generic [`SqlStore`] in three dialects.
 #![deny(missing_docs)]
-#![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod admin;
