@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
-use idem::{Fingerprint, Idem, Key, MemoryStore, Resolution, Step};
+use idem::{steps::Resolution, steps::Step, Fingerprint, Idem, Key, MemoryStore};
 use serde::{Deserialize, Serialize};
 
 /// The services the checkout calls, with what they did and the failures the demo turns on.
@@ -97,7 +97,7 @@ async fn checkout(
                 .unknown_if(|e: &CheckoutError| matches!(e, CheckoutError::GatewayTimeout))
                 .run(|| async {
                     // The gateway's own idempotency key: the same on every attempt.
-                    let provider_key = idem::step_key("charge")?;
+                    let provider_key = idem::steps::step_key("charge")?;
                     svc.charges.fetch_add(1, SeqCst);
                     let id = format!("ch_{}", &provider_key[..8]);
                     svc.gateway.lock().unwrap().insert(provider_key, id.clone());

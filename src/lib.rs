@@ -75,17 +75,32 @@
 use std::sync::OnceLock;
 
 pub use idem_core::dedup;
-pub use idem_core::{async_trait, Bytes};
 pub use idem_core::{
-    codec, fence, BoxError, Call, CallWithOutcome, Capabilities, Claim, DecodeError, Error, Fence,
-    Fingerprint, Idem, IdemBuilder, InProgress, Key, LeaseLoss, MissingKey, Origin, Outcome,
-    Record, Store, StoreError, StoreWrapper, Token, DEFAULT_LEASE, DEFAULT_RETRY_AFTER,
-    DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
+    codec, fence, step, BoxError, Call, CallWithOutcome, DecodeError, Error, Fence, Fingerprint,
+    Idem, IdemBuilder, InProgress, Key, LeaseLoss, MissingKey, Origin, Outcome, DEFAULT_LEASE,
+    DEFAULT_RETRY_AFTER, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
 };
-pub use idem_core::{
-    step, step_key, step_record, Ambiguous, NeverUnknown, Resolution, Resolved, Step, StepRecord,
-    Unresolved, MAX_STEP_NAME_LEN,
-};
+
+/// Steps: the side effects of one call, each run once across its attempts ([`step`] runs
+/// one, [`Step`](steps::Step) sets how), and the resolution of those whose outcome is
+/// unknown ([`Resolution`](steps::Resolution), the reconcile hook's [`Unresolved`](steps::Unresolved),
+/// [`Idem::resolve`]). The guide's steps chapter walks through them.
+pub mod steps {
+    pub use idem_core::{
+        step, step_key, step_record, Ambiguous, NeverUnknown, Resolution, Resolved, Step,
+        StepRecord, Unresolved, MAX_STEP_NAME_LEN,
+    };
+}
+
+/// The store contract, for those who write or wrap a store: the [`Store`](store::Store)
+/// trait, what it answers, [`StoreWrapper`](store::StoreWrapper) to add behaviour around
+/// another store, and the two foreign items its signatures name (`Bytes` payloads and the
+/// `async_trait` attribute its methods are written with), at the versions it uses.
+pub mod store {
+    pub use idem_core::{
+        async_trait, Bytes, Capabilities, Claim, Record, Store, StoreError, StoreWrapper, Token,
+    };
+}
 pub use idem_stores::MemoryStore;
 
 /// The `Idempotency-Key` HTTP header: a tower layer (axum-compatible), the axum extractor
@@ -206,8 +221,33 @@ fn global_key(scope: &str, key: Result<Key, Error>) -> Result<Key, Error> {
 /// # Ok(()) }
 /// ```
 pub async fn connect(url: &str) -> Result<Idem, Error> {
+    connect_with(url, Idem::builder()).await
+}
+
+/// An engine built by `builder`, with its options and hooks, on the store a URL names:
+/// [`connect`] with a builder of your own instead of every default. The URL's store
+/// replaces any store the builder was given.
+///
+/// ```
+/// use std::time::Duration;
+/// use idem::{steps::Resolution, Idem};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idem::Error> {
+/// let builder = Idem::builder()
+///     .ttl(Duration::from_secs(24 * 3600))
+///     .reconcile(|unresolved| async move {
+///         // Ask the provider what became of the step under `unresolved.step_key()`.
+///         let _ = unresolved.step_key();
+///         Some(Resolution::NotRan)
+///     });
+/// let idem = idem::connect_with("memory://", builder).await?;
+/// # let _ = idem;
+/// # Ok(()) }
+/// ```
+pub async fn connect_with(url: &str, builder: IdemBuilder) -> Result<Idem, Error> {
     let store = idem_stores::connect(url).await?;
-    Idem::builder().shared_store(store).build()
+    builder.shared_store(store).build()
 }
 
 #[doc(hidden)]

@@ -4,7 +4,9 @@ use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Error, Fingerprint, Idem, Key, MemoryStore, Resolution, Resolved, Step};
+use idem::{
+    steps::Resolution, steps::Resolved, steps::Step, Error, Fingerprint, Idem, Key, MemoryStore,
+};
 
 fn key(id: &str) -> Key {
     Key::new("tests::amo_attack", id).unwrap()
@@ -525,7 +527,10 @@ async fn a12_step_resolved_with_wrong_type_has_a_way_out() {
 
 mod takeover {
     use super::*;
-    use idem::{Bytes, Record, Store, StoreError, StoreWrapper, Token};
+    use idem::{
+        store::Bytes, store::Record, store::Store, store::StoreError, store::StoreWrapper,
+        store::Token,
+    };
     use std::sync::atomic::AtomicBool;
 
     #[derive(Debug)]
@@ -534,7 +539,7 @@ mod takeover {
         refuse: Arc<AtomicBool>,
     }
 
-    #[idem::async_trait]
+    #[idem::store::async_trait]
     impl StoreWrapper for NoExtends {
         type Inner = MemoryStore;
         fn inner(&self) -> &MemoryStore {

@@ -21,8 +21,11 @@ idem::conformance_tests!(without_fences, async {
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{async_trait, Capabilities, Claim, Fence, Fingerprint, Key, Store, StoreError};
-use idem::{StoreWrapper, Token};
+use idem::{
+    store::async_trait, store::Capabilities, store::Claim, store::Store, store::StoreError, Fence,
+    Fingerprint, Key,
+};
+use idem::{store::StoreWrapper, store::Token};
 
 /// The memory store with its fences replaced. `WithFence<false>`: as a custom store
 /// written before fences is, `Fence::NONE` in every claim and no `assigns_fences`.

@@ -9,7 +9,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Claim, Error, Fingerprint, Idem, InProgress, Key, MemoryStore, Store, Token};
+use idem::{
+    store::Claim, store::Store, store::Token, Error, Fingerprint, Idem, InProgress, Key,
+    MemoryStore,
+};
 use support::engine::{key, setup, PayError};
 use support::stores::{CountingClaims, Faulty};
 

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Error, Fingerprint, LeaseLoss, Record, Store};
+use idem::{store::Record, store::Store, Error, Fingerprint, LeaseLoss};
 use support::engine::{key, setup, wait_until_released, PayError};
 
 #[tokio::test]

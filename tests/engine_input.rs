@@ -6,7 +6,10 @@ mod support;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use idem::{Bytes, Claim, Error, Fingerprint, Idem, Key, MemoryStore, Store, Token};
+use idem::{
+    store::Bytes, store::Claim, store::Store, store::Token, Error, Fingerprint, Idem, Key,
+    MemoryStore,
+};
 use support::engine::{key, setup};
 
 #[tokio::test]

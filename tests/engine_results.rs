@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{
-    Bytes, Claim, DecodeError, Error, Fingerprint, Idem, Key, Origin, Record, Store, Token,
+    store::Bytes, store::Claim, store::Record, store::Store, store::Token, DecodeError, Error,
+    Fingerprint, Idem, Key, Origin,
 };
 use support::engine::{key, setup, PayError};
 use support::stores::Faulty;

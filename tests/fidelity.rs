@@ -7,7 +7,7 @@ use std::fmt::Debug;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use idem::codec::BuiltinCodec;
-use idem::{idempotent, Error, Idem, Key, MemoryStore, Record};
+use idem::{idempotent, store::Record, Error, Idem, Key, MemoryStore};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
 /// An untagged enum whose variants share a shape: JSON writes `Units(5)` as `5`, which

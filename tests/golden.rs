@@ -11,7 +11,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use idem::codec::BuiltinCodec;
-use idem::{idempotent, Bytes, Claim, Fingerprint, Idem, Key, MemoryStore, Record, Store, Token};
+use idem::{
+    idempotent, store::Bytes, store::Claim, store::Record, store::Store, store::Token, Fingerprint,
+    Idem, Key, MemoryStore,
+};
 use serde::{Deserialize, Serialize};
 
 fn golden(name: &str) -> String {
@@ -257,7 +260,7 @@ async fn records_of_the_first_format_still_replay() {
 // --- scopes ---------------------------------------------------------------------------------
 
 mod shop {
-    use idem::{async_trait, idempotent, Idem};
+    use idem::{idempotent, store::async_trait, Idem};
 
     #[idempotent(key = order_id, store = idem, skip(idem))]
     pub async fn place_order(idem: &Idem, order_id: u64) -> u64 {
@@ -447,7 +450,7 @@ fn key_ids_by_key_type_are_the_golden_ones() {
 }
 
 /// The stored format of steps (`idem::step`): the key of a step's record, the key a step
-/// hands on (`idem::step_key`), a step's value record (the JSON codec at result version 0:
+/// hands on (`idem::steps::step_key`), a step's value record (the JSON codec at result version 0:
 /// the bytes of `record-json.hex`), and the hold a step whose outcome is unknown leaves on
 /// its record and on the call's key (`step-held.hex`).
 #[tokio::test]
@@ -459,7 +462,7 @@ async fn step_records_are_the_golden_ones_and_golden_ones_are_read() {
     let idem = Idem::new(MemoryStore::new());
     let handed_on = idem
         .call(parent.clone(), Fingerprint::NONE)
-        .run_fallible(|| async { idem::step_key("charge") })
+        .run_fallible(|| async { idem::steps::step_key("charge") })
         .await
         .unwrap();
     let produced = [record_key.as_str().to_owned(), handed_on];
@@ -494,7 +497,7 @@ async fn step_records_are_the_golden_ones_and_golden_ones_are_read() {
     let answer: Result<(), idem::Error> = idem
         .call(held.clone(), Fingerprint::NONE)
         .run_fallible(|| async {
-            idem::Step::new("charge")
+            idem::steps::Step::new("charge")
                 .unknown_if(|_: &idem::Error| true)
                 .run(|| async {
                     Err::<(), _>(idem::Error::Config {

@@ -659,7 +659,7 @@ async fn destructured_arguments_are_digested_by_their_bindings() {
 
 // --- #[async_trait] ---------------------------------------------------------------------------
 
-#[idem::async_trait]
+#[idem::store::async_trait]
 trait Ledger {
     async fn post(&self, entry_id: String, cents: i64) -> Result<i64, Error>;
 }
@@ -669,7 +669,7 @@ struct SharedLedger {
     posted: AtomicU32,
 }
 
-#[idem::async_trait]
+#[idem::store::async_trait]
 #[idem::scoped]
 impl Ledger for SharedLedger {
     // `#[async_trait]` on the impl expands first; `#[idempotent]` then wraps its future.

@@ -7,7 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use idem::{Bytes, Claim, Fingerprint, Idem, Key, MemoryStore, Record, Store, StoreError, Token};
+use idem::{
+    store::Bytes, store::Claim, store::Record, store::Store, store::StoreError, store::Token,
+    Fingerprint, Idem, Key, MemoryStore,
+};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record as SpanRecord};
 use tracing::Subscriber;
@@ -252,7 +255,7 @@ async fn all_outcomes(spans: &Spans) {
 struct SlowSteps(MemoryStore);
 
 #[async_trait]
-impl idem::StoreWrapper for SlowSteps {
+impl idem::store::StoreWrapper for SlowSteps {
     type Inner = MemoryStore;
     fn inner(&self) -> &MemoryStore {
         &self.0

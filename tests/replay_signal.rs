@@ -203,7 +203,7 @@ async fn a_fallible_fn_returning_result_of_outcome_tells_a_replay() {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
-#[idem::async_trait]
+#[idem::store::async_trait]
 trait Charges {
     async fn charge(&self, order_id: String) -> Result<Outcome<u64>, Error>;
 }
@@ -213,7 +213,7 @@ struct Gateway {
     charged: AtomicU32,
 }
 
-#[idem::async_trait]
+#[idem::store::async_trait]
 #[idem::scoped]
 impl Charges for Gateway {
     #[idempotent(key = order_id, store = self.idem)]

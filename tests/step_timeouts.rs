@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Error, Fingerprint, Idem, Key, MemoryStore, Store, StoreError};
+use idem::{store::Store, store::StoreError, Error, Fingerprint, Idem, Key, MemoryStore};
 use support::stores::{BoundedButWaitHangs, Hanging, Passing, SelfBounded, Unnamed};
 use tokio::time::Instant;
 

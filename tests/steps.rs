@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{
-    idempotent, Error, Fingerprint, Idem, Key, MemoryStore, Record, Resolution, Resolved, Step,
-    Store,
+    idempotent, steps::Resolution, steps::Resolved, steps::Step, store::Record, store::Store,
+    Error, Fingerprint, Idem, Key, MemoryStore,
 };
 
 fn key(id: &str) -> Key {
@@ -387,7 +387,7 @@ async fn unkeyed(idem: &Idem, runs: &AtomicU32, request_id: Option<String>) -> R
     })
     .await?;
     assert_eq!(
-        idem::step_key("charge").is_ok(),
+        idem::steps::step_key("charge").is_ok(),
         request_id.is_some(),
         "a step has a key to hand on exactly when the call has one"
     );

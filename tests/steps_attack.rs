@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use idem::{
-    Bytes, Error, Fingerprint, Idem, Key, MemoryStore, Record, Resolution, Resolved, Step, Store,
-    StoreError, StoreWrapper,
+    steps::Resolution, steps::Resolved, steps::Step, store::Bytes, store::Record, store::Store,
+    store::StoreError, store::StoreWrapper, Error, Fingerprint, Idem, Key, MemoryStore,
 };
 use tokio::sync::Notify;
 
@@ -106,7 +106,7 @@ impl Gated {
     }
 }
 
-#[idem::async_trait]
+#[idem::store::async_trait]
 impl StoreWrapper for Gated {
     type Inner = MemoryStore;
     fn inner(&self) -> &MemoryStore {

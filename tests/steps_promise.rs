@@ -11,8 +11,9 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use futures_util::FutureExt;
 use idem::{
-    Bytes, Error, Fingerprint, Idem, InProgress, Key, LeaseLoss, MemoryStore, Record, Resolution,
-    Resolved, Step, Store, StoreError, StoreWrapper, Token,
+    steps::Resolution, steps::Resolved, steps::Step, store::Bytes, store::Record, store::Store,
+    store::StoreError, store::StoreWrapper, store::Token, Error, Fingerprint, Idem, InProgress,
+    Key, LeaseLoss, MemoryStore,
 };
 
 fn key(id: &str) -> Key {
@@ -73,7 +74,7 @@ fn is_step(key: &Key) -> bool {
     key.scope().contains("#step:")
 }
 
-#[idem::async_trait]
+#[idem::store::async_trait]
 impl StoreWrapper for Scripted {
     type Inner = MemoryStore;
     fn inner(&self) -> &MemoryStore {
@@ -202,7 +203,7 @@ async fn attempt(idem: &Idem, k: &Key, charges: &AtomicU32, fail: bool) -> Resul
 #[derive(Debug)]
 struct Yielding(MemoryStore);
 
-#[idem::async_trait]
+#[idem::store::async_trait]
 impl StoreWrapper for Yielding {
     type Inner = MemoryStore;
     fn inner(&self) -> &MemoryStore {

@@ -6,7 +6,7 @@ mod support;
 
 use std::time::Duration;
 
-use idem::{Fingerprint, Idem, Key, MemoryStore, Store, Token};
+use idem::{store::Store, store::Token, Fingerprint, Idem, Key, MemoryStore};
 
 fn key(id: &str) -> Key {
     Key::new("engine-tests", id).unwrap()

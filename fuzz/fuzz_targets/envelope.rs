@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use idem::{Error, Fingerprint, Idem, Key, MemoryStore, Store, Token};
+use idem::{Error, Fingerprint, Idem, Key, MemoryStore, store::Store, store::Token};
 use libfuzzer_sys::fuzz_target;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 

@@ -7,7 +7,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use idem::{Fingerprint, Idem, Key, Store, Token};
+use idem::{store::Store, store::Token, Fingerprint, Idem, Key};
 use serde_json::Value;
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -452,7 +452,7 @@ async fn steps_flow(url: &str, store: impl Store, flags: &[&str]) {
         let charges = &charges;
         idem.call(key, Fingerprint::NONE)
             .run_fallible(move || async move {
-                let charge: String = idem::Step::new("charge")
+                let charge: String = idem::steps::Step::new("charge")
                     .unknown_if(|_: &idem::Error| unknown)
                     .run(|| async {
                         let n = charges.fetch_add(1, SeqCst) + 1;

@@ -24,7 +24,7 @@ use crate::store::{Capabilities, Claim, Fingerprint, Record, Store, Token};
 /// ```
 /// use std::sync::atomic::{AtomicU32, Ordering};
 /// use std::time::Duration;
-/// use idem::{async_trait, Claim, Fingerprint, Idem, Key, MemoryStore, Store, StoreError, StoreWrapper, Token};
+/// use idem::{store::async_trait, store::Claim, Fingerprint, Idem, Key, MemoryStore, store::Store, store::StoreError, store::StoreWrapper, store::Token};
 ///
 /// /// Counts claims; everything else is the inner store's.
 /// #[derive(Debug)]

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dashmap::DashMap;
-use idem::{Bytes, Claim, Fingerprint, Key, MemoryStore, Store, Token};
+use idem::{store::Bytes, store::Claim, store::Store, store::Token, Fingerprint, Key, MemoryStore};
 
 const RECORDS: usize = 1_000_000;
 const PAYLOAD_BYTES: usize = 64;

@@ -260,13 +260,13 @@ fn digest(c: &mut Criterion) {
 fn replay_parts(c: &mut Criterion) {
     let rt = runtime();
     let req = request(42);
-    let store: Arc<dyn idem::Store> = Arc::new(MemoryStore::new());
+    let store: Arc<dyn idem::store::Store> = Arc::new(MemoryStore::new());
     let scope = "memory::charge";
     let key = idem::Key::new(scope, &req.order_id).expect("a key");
     let fp = Fingerprint::of(&(&req,));
     let lease = Duration::from_secs(30);
     let payload = rt.block_on(async {
-        let token = idem::Token::random();
+        let token = idem::store::Token::random();
         store.claim(&key, &fp, token, lease).await.expect("a claim");
         let sealed = idem_core::envelope::seal_value(&idem::codec::Json, 0, &receipt_for(&req))
             .expect("a receipt seals");
@@ -274,8 +274,11 @@ fn replay_parts(c: &mut Criterion) {
             .complete(&key, token, sealed.into(), Duration::from_secs(3600))
             .await
             .expect("stored");
-        match store.claim(&key, &fp, idem::Token::random(), lease).await {
-            Ok(idem::Claim::Completed { payload, .. }) => payload,
+        match store
+            .claim(&key, &fp, idem::store::Token::random(), lease)
+            .await
+        {
+            Ok(idem::store::Claim::Completed { payload, .. }) => payload,
             other => panic!("expected the stored record, got {other:?}"),
         }
     });
@@ -289,7 +292,7 @@ fn replay_parts(c: &mut Criterion) {
     g.bench_function("store_claim", |b| {
         b.to_async(&rt).iter(|| async {
             store
-                .claim(&key, &fp, idem::Token::random(), lease)
+                .claim(&key, &fp, idem::store::Token::random(), lease)
                 .await
                 .expect("the stored record")
         })
@@ -298,7 +301,7 @@ fn replay_parts(c: &mut Criterion) {
     // `memory_first_call`): the claim must be visible before the body runs, so it is its own
     // map access, and the complete another.
     let next = AtomicU64::new(0);
-    let sealed: idem::Bytes =
+    let sealed: idem::store::Bytes =
         idem_core::envelope::seal_value(&idem::codec::Json, 0, &receipt_for(&req))
             .expect("a receipt seals")
             .into();
@@ -311,7 +314,7 @@ fn replay_parts(c: &mut Criterion) {
             |key| {
                 let (store, sealed) = (&store, &sealed);
                 async move {
-                    let token = idem::Token::random();
+                    let token = idem::store::Token::random();
                     store.claim(&key, &fp, token, lease).await.expect("a claim");
                     store
                         .complete(&key, token, sealed.clone(), Duration::from_secs(3600))

@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use idem::{Error, Fingerprint, Idem, Key, MemoryStore, Store, Token};
+use idem::{store::Store, store::Token, Error, Fingerprint, Idem, Key, MemoryStore};
 use proptest::prelude::*;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 
@@ -66,7 +66,7 @@ async fn envelope_of<T: Serialize + DeserializeOwned + Send + 'static>(
         .await
         .unwrap();
     match idem.store().get(&key).await.unwrap() {
-        Some(idem::Record::Completed { payload, .. }) => payload.to_vec(),
+        Some(idem::store::Record::Completed { payload, .. }) => payload.to_vec(),
         other => panic!("{other:?}"),
     }
 }

@@ -40,8 +40,9 @@ use futures_util::future::join_all;
 use futures_util::FutureExt;
 use idem::testing::backend_url;
 use idem::{
-    Error, Fingerprint, Idem, InProgress, Key, LeaseLoss, Record, Resolution, Resolved, Step,
-    Store, StoreError, StoreWrapper, Token, Unresolved,
+    steps::Resolution, steps::Resolved, steps::Step, steps::Unresolved, store::Record,
+    store::Store, store::StoreError, store::StoreWrapper, store::Token, Error, Fingerprint, Idem,
+    InProgress, Key, LeaseLoss,
 };
 
 const SCOPE: &str = "steps.every_store";
@@ -309,7 +310,7 @@ async fn checkout(
             for (i, name) in STEPS.into_iter().enumerate() {
                 let effect = || async move {
                     // Entered: with the key the step hands on to the system it calls.
-                    effects.record(&format!("{name}.entered"), &idem::step_key(name)?);
+                    effects.record(&format!("{name}.entered"), &idem::steps::step_key(name)?);
                     strike(plan, Boundary::Before(i), key).await?;
                     if !plan.pause.is_zero() {
                         tokio::time::sleep(plan.pause).await;
@@ -656,7 +657,7 @@ struct FailingExtends {
     failing: std::sync::atomic::AtomicBool,
 }
 
-#[idem::async_trait]
+#[idem::store::async_trait]
 impl StoreWrapper for FailingExtends {
     type Inner = dyn Store;
     fn inner(&self) -> &dyn Store {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem::testing::backend_url;
-use idem::{idempotent, Error, Idem, Key, Record};
+use idem::{idempotent, store::Record, Error, Idem, Key};
 
 const CALLERS: usize = 1000;
 const KEYS: usize = 100;
@@ -72,7 +72,7 @@ fn id_of(run: &str, k: usize) -> String {
 /// An engine whose steps may queue behind 1000 callers on one pool or file: a generous
 /// step timeout, so that a slow step is not mistaken for an outage here (the outage tests
 /// bound it).
-fn engine(store: Arc<dyn idem::Store>) -> Idem {
+fn engine(store: Arc<dyn idem::store::Store>) -> Idem {
     Idem::builder()
         .shared_store(store)
         .store_timeout(Duration::from_secs(60))
@@ -167,7 +167,7 @@ async fn both_modes(backend: &str, make: impl Fn() -> [Idem; 2]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reliability_stress_memory() {
-    let store: Arc<dyn idem::Store> = Arc::new(idem::MemoryStore::new());
+    let store: Arc<dyn idem::store::Store> = Arc::new(idem::MemoryStore::new());
     both_modes("memory", || [engine(store.clone()), engine(store.clone())]).await;
 }
 
@@ -179,11 +179,12 @@ async fn reliability_stress_sqlite() {
     let a = SqliteStore::open(&path).await.unwrap();
     a.migrate().await.unwrap();
     let b = SqliteStore::open(&path).await.unwrap();
-    let (a, b): (Arc<dyn idem::Store>, Arc<dyn idem::Store>) = (Arc::new(a), Arc::new(b));
+    let (a, b): (Arc<dyn idem::store::Store>, Arc<dyn idem::store::Store>) =
+        (Arc::new(a), Arc::new(b));
     both_modes("sqlite", || [engine(a.clone()), engine(b.clone())]).await;
 }
 
-async fn two_postgres_pools(url: &str) -> [Arc<dyn idem::Store>; 2] {
+async fn two_postgres_pools(url: &str) -> [Arc<dyn idem::store::Store>; 2] {
     use idem::stores::PostgresStore;
     let a = PostgresStore::connect(url).await.unwrap();
     a.migrate().await.unwrap();
@@ -210,7 +211,8 @@ async fn reliability_stress_mysql() {
     let a = MySqlStore::connect(&url).await.unwrap();
     a.migrate().await.unwrap();
     let b = MySqlStore::connect(&url).await.unwrap();
-    let (a, b): (Arc<dyn idem::Store>, Arc<dyn idem::Store>) = (Arc::new(a), Arc::new(b));
+    let (a, b): (Arc<dyn idem::store::Store>, Arc<dyn idem::store::Store>) =
+        (Arc::new(a), Arc::new(b));
     both_modes("mysql", || [engine(a.clone()), engine(b.clone())]).await;
 }
 
@@ -220,8 +222,8 @@ async fn reliability_stress_redis() {
     let Some(url) = backend_url("IDEM_TEST_REDIS_URL") else {
         return;
     };
-    let a: Arc<dyn idem::Store> = Arc::new(RedisStore::open(&url).await.unwrap());
-    let b: Arc<dyn idem::Store> = Arc::new(RedisStore::open(&url).await.unwrap());
+    let a: Arc<dyn idem::store::Store> = Arc::new(RedisStore::open(&url).await.unwrap());
+    let b: Arc<dyn idem::store::Store> = Arc::new(RedisStore::open(&url).await.unwrap());
     both_modes("redis", || [engine(a.clone()), engine(b.clone())]).await;
 }
 

@@ -14,7 +14,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem::testing::backend_url;
-use idem::{Error, Fingerprint, Idem, InProgress, Key, Resolution, Resolved, Step};
+use idem::{
+    steps::Resolution, steps::Resolved, steps::Step, Error, Fingerprint, Idem, InProgress, Key,
+};
 
 const SCOPE: &str = "steps.at_most_once";
 const LEASE: Duration = Duration::from_secs(2);
@@ -27,7 +29,7 @@ fn key(run: &str, mode: &str) -> Key {
     Key::new(SCOPE, format!("{run}-{mode}")).unwrap()
 }
 
-fn engine(store: std::sync::Arc<dyn idem::Store>) -> Idem {
+fn engine(store: std::sync::Arc<dyn idem::store::Store>) -> Idem {
     Idem::builder()
         .shared_store(store)
         .lease(LEASE)

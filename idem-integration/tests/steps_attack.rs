@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem::testing::backend_url;
 use idem::{
-    Bytes, Error, Fingerprint, Idem, Key, Record, Resolution, Resolved, Step, Store, StoreError,
-    StoreWrapper,
+    steps::Resolution, steps::Resolved, steps::Step, store::Bytes, store::Record, store::Store,
+    store::StoreError, store::StoreWrapper, Error, Fingerprint, Idem, Key,
 };
 use tokio::sync::Notify;
 
@@ -71,7 +71,7 @@ impl Gated {
     }
 }
 
-#[idem::async_trait]
+#[idem::store::async_trait]
 impl StoreWrapper for Gated {
     type Inner = Arc<dyn Store>;
     fn inner(&self) -> &Arc<dyn Store> {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{Error, Idem, Key, Store};
+use idem::{store::Store, Error, Idem, Key};
 
 use super::stores::Faulty;
 

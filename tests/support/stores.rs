@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use idem::{
-    Bytes, Claim, Fingerprint, Key, MemoryStore, Record, Store, StoreError, StoreWrapper, Token,
+    store::Bytes, store::Claim, store::Record, store::Store, store::StoreError,
+    store::StoreWrapper, store::Token, Fingerprint, Key, MemoryStore,
 };
 
 // --- counting and failing -------------------------------------------------------------
@@ -52,7 +53,7 @@ pub fn unavailable() -> StoreError {
     }
 }
 
-#[idem::async_trait]
+#[idem::store::async_trait]
 impl StoreWrapper for Faulty {
     type Inner = MemoryStore;
     fn inner(&self) -> &MemoryStore {
@@ -135,7 +136,7 @@ pub struct CountingClaims {
     pub claims: AtomicU32,
 }
 
-#[idem::async_trait]
+#[idem::store::async_trait]
 impl StoreWrapper for CountingClaims {
     type Inner = MemoryStore;
     fn inner(&self) -> &MemoryStore {
@@ -211,7 +212,7 @@ pub struct Hanging {
     pub delete: Hang,
 }
 
-#[idem::async_trait]
+#[idem::store::async_trait]
 impl StoreWrapper for Hanging {
     type Inner = MemoryStore;
     fn inner(&self) -> &MemoryStore {
@@ -255,7 +256,7 @@ impl StoreWrapper for Hanging {
 #[derive(Debug, Default)]
 pub struct Unnamed(pub MemoryStore);
 
-#[idem::async_trait]
+#[idem::store::async_trait]
 impl Store for Unnamed {
     async fn claim(
         &self,
@@ -298,7 +299,7 @@ pub struct SelfBounded {
     pub claim_takes: Duration,
 }
 
-#[idem::async_trait]
+#[idem::store::async_trait]
 impl StoreWrapper for SelfBounded {
     type Inner = MemoryStore;
     fn inner(&self) -> &MemoryStore {
@@ -338,7 +339,7 @@ pub struct BoundedButWaitHangs {
     pub bound: Duration,
 }
 
-#[idem::async_trait]
+#[idem::store::async_trait]
 impl StoreWrapper for BoundedButWaitHangs {
     type Inner = MemoryStore;
     fn inner(&self) -> &MemoryStore {

@@ -168,7 +168,7 @@ impl IdemBuilder {
     /// the step resolved ([`Idem::resolve`]).
     ///
     /// ```
-    /// use idem::{Idem, MemoryStore, Resolution};
+    /// use idem::{Idem, MemoryStore, steps::Resolution};
     /// let idem = Idem::builder()
     ///     .store(MemoryStore::new())
     ///     .reconcile(|unresolved| async move {

@@ -142,7 +142,7 @@ impl Idem {
     /// ```
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), idem::Error> {
-    /// use idem::{Error, Fingerprint, Idem, Key, MemoryStore, Resolution, Resolved, Step};
+    /// use idem::{Error, Fingerprint, Idem, Key, MemoryStore, steps::Resolution, steps::Resolved, steps::Step};
     /// let idem = Idem::new(MemoryStore::new());
     /// let key = Key::new("shop::checkout", "o-1")?;
     /// let checkout = |fail: bool| {

@@ -27,11 +27,11 @@ use crate::store::Fingerprint;
 /// let key = idem::Key::new("shop::checkout", "o-1")?;
 /// let (a, b) = idem
 ///     .call(key.clone(), idem::Fingerprint::NONE)
-///     .run_fallible(|| async { Ok::<_, idem::Error>((idem::step_key("charge")?, idem::step_key("email")?)) })
+///     .run_fallible(|| async { Ok::<_, idem::Error>((idem::steps::step_key("charge")?, idem::steps::step_key("email")?)) })
 ///     .await?;
 /// assert_eq!(a.len(), 32);
 /// assert_ne!(a, b);
-/// assert!(idem::step_key("charge").is_err(), "no call runs here");
+/// assert!(idem::steps::step_key("charge").is_err(), "no call runs here");
 /// # Ok(()) }
 /// ```
 pub fn step_key(name: &str) -> Result<String, Error> {

@@ -1,4 +1,4 @@
-use idem::{async_trait, idempotent};
+use idem::{store::async_trait, idempotent};
 
 #[async_trait]
 pub trait Payments {

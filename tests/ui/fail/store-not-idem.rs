@@ -4,7 +4,7 @@ use idem::idempotent;
 
 pub struct Service {
     pub store: idem::MemoryStore,
-    pub shared: Arc<dyn idem::Store>,
+    pub shared: Arc<dyn idem::store::Store>,
 }
 
 #[idem::scoped]

@@ -1,6 +1,6 @@
 //! Inside an `#[async_trait]` impl: `#[async_trait]` on the impl expands first, and
 //! `#[idempotent]` on the method rewrites the future it returns.
-use idem::{async_trait, idempotent, Idem, MemoryStore};
+use idem::{store::async_trait, idempotent, Idem, MemoryStore};
 
 #[async_trait]
 pub trait Payments {
