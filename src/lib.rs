@@ -81,6 +81,12 @@ pub use idem_core::{
     DEFAULT_RETRY_AFTER, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT,
 };
 
+/// What a [`Call`]'s run methods answer: its value ([`Bare`](call::Bare), the default) or,
+/// after [`Call::with_outcome`], an [`Outcome`] ([`WithOutcome`](call::WithOutcome)).
+pub mod call {
+    pub use idem_core::{Answer, Bare, WithOutcome};
+}
+
 /// Steps: the side effects of one call, each run once across its attempts ([`step`] runs
 /// one, [`Step`](steps::Step) sets how), and the resolution of those whose outcome is
 /// unknown ([`Resolution`](steps::Resolution), the reconcile hook's [`Unresolved`](steps::Unresolved),

@@ -34,10 +34,10 @@ pub use bytes::Bytes;
 pub use codec::{BuiltinCodec, Codec, Json};
 pub use digest::digest_hex;
 pub use engine::{
-    fence, step, step_key, step_record, Ambiguous, Call, CallWithOutcome, Idem, IdemBuilder,
-    InProgress, LeaseLoss, MissingKey, NeverUnknown, Origin, Outcome, Resolution, Resolved, Step,
-    StepRecord, Unresolved, DEFAULT_LEASE, DEFAULT_RETRY_AFTER, DEFAULT_STORE_TIMEOUT, DEFAULT_TTL,
-    DEFAULT_WAIT_TIMEOUT, MAX_DURATION,
+    fence, step, step_key, step_record, Ambiguous, Answer, Bare, Call, CallWithOutcome, Idem,
+    IdemBuilder, InProgress, LeaseLoss, MissingKey, NeverUnknown, Origin, Outcome, Resolution,
+    Resolved, Step, StepRecord, Unresolved, WithOutcome, DEFAULT_LEASE, DEFAULT_RETRY_AFTER,
+    DEFAULT_STORE_TIMEOUT, DEFAULT_TTL, DEFAULT_WAIT_TIMEOUT, MAX_DURATION,
 };
 pub use error::{BoxError, DecodeError, Error, StoreError};
 pub use key::{Key, MAX_ID_LEN, MAX_SCOPE_LEN, MAX_STEP_NAME_LEN};

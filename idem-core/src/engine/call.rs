@@ -1,5 +1,6 @@
 //! [`Call`]: one call's key, fingerprint and options, set one by one before it runs.
 
+use std::marker::PhantomData;
 use std::time::Duration;
 
 use super::builder::check_duration;
@@ -93,11 +94,11 @@ impl From<Fingerprint> for RequestPrint {
 }
 
 /// One idempotent call: its key, fingerprint and options. Built by [`Idem::call`]; `C` is
-/// the codec of its result. Its run methods answer the bare value;
-/// [`with_outcome`](Call::with_outcome) turns it into a [`CallWithOutcome`], whose run
-/// methods also say whether the value is a first run's or a replay.
+/// the codec of its result, `A` what its run methods answer: the bare value ([`Bare`], the
+/// default), or after [`with_outcome`](Call::with_outcome) an [`Outcome`] that also says
+/// whether the value is a first run's or a replay ([`WithOutcome`]).
 #[must_use = "a call does nothing until `.run(...)` is awaited"]
-pub struct Call<'a, C = BuiltinCodec> {
+pub struct Call<'a, C = BuiltinCodec, A = Bare> {
     pub(super) idem: &'a Idem,
     pub(super) key: Result<Key, Error>,
     pub(super) print: RequestPrint,
@@ -105,6 +106,48 @@ pub struct Call<'a, C = BuiltinCodec> {
     pub(super) version: u64,
     pub(super) missing_key: MissingKey,
     pub(super) codec: C,
+    pub(super) answer: PhantomData<fn() -> A>,
+}
+
+/// A [`Call`] whose run methods answer an [`Outcome`]: made by [`Call::with_outcome`] and
+/// [`Idem::consume`].
+pub type CallWithOutcome<'a, C = BuiltinCodec> = Call<'a, C, WithOutcome>;
+
+/// What a [`Call`]'s run methods answer for its value: [`Bare`] or [`WithOutcome`].
+pub trait Answer: sealed::Sealed + Send + Sync + 'static {
+    /// The answer for a value `T`.
+    type Out<T>;
+    /// The answer for `value`, which came from `origin`.
+    #[doc(hidden)]
+    fn answer<T>(value: T, origin: Origin) -> Self::Out<T>;
+}
+
+/// A call answers its value alone: `T`.
+#[derive(Debug)]
+pub enum Bare {}
+
+/// A call answers its value with where it came from: [`Outcome<T>`](Outcome).
+#[derive(Debug)]
+pub enum WithOutcome {}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Bare {}
+    impl Sealed for super::WithOutcome {}
+}
+
+impl Answer for Bare {
+    type Out<T> = T;
+    fn answer<T>(value: T, _: Origin) -> T {
+        value
+    }
+}
+
+impl Answer for WithOutcome {
+    type Out<T> = Outcome<T>;
+    fn answer<T>(value: T, origin: Origin) -> Outcome<T> {
+        Outcome::new(value, origin)
+    }
 }
 
 /// The options a call sets one by one; `None` leaves the engine's.
@@ -119,14 +162,7 @@ pub(super) struct Options {
     pub(super) at_most_once: bool,
 }
 
-/// A [`Call`] whose run methods answer an [`Outcome`]: the value and its
-/// [`Origin`], which tells a first run ([`Origin::Ran`]) from a replay read from the store
-/// or from the local cache. Made by [`Call::with_outcome`] (and [`Idem::consume`]); its
-/// options are the call's, set the same way.
-#[must_use = "a call does nothing until `.run(...)` is awaited"]
-pub struct CallWithOutcome<'a, C = BuiltinCodec>(pub(super) Call<'a, C>);
-
-impl<'a, C: Codec> Call<'a, C> {
+impl<'a, C: Codec, A: Answer> Call<'a, C, A> {
     /// The time to live of this call's result.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.options.ttl = Some(ttl);
@@ -207,7 +243,7 @@ impl<'a, C: Codec> Call<'a, C> {
     }
 
     /// The codec of this call's result.
-    pub fn codec<C2: Codec>(self, codec: C2) -> Call<'a, C2> {
+    pub fn codec<C2: Codec>(self, codec: C2) -> Call<'a, C2, A> {
         Call {
             idem: self.idem,
             key: self.key,
@@ -216,6 +252,21 @@ impl<'a, C: Codec> Call<'a, C> {
             version: self.version,
             missing_key: self.missing_key,
             codec,
+            answer: PhantomData,
+        }
+    }
+
+    /// This call, answering as `A2` does.
+    fn answering<A2: Answer>(self) -> Call<'a, C, A2> {
+        Call {
+            idem: self.idem,
+            key: self.key,
+            print: self.print,
+            options: self.options,
+            version: self.version,
+            missing_key: self.missing_key,
+            codec: self.codec,
+            answer: PhantomData,
         }
     }
 
@@ -223,7 +274,7 @@ impl<'a, C: Codec> Call<'a, C> {
     /// first run ([`Origin::Ran`]) from a replay read from the store or from the local
     /// cache. A fallible body answers `Result<Outcome<T>, E>`; its `Err` is the body's own
     /// error or idem's (with
-    /// [`run_caching_errors`](CallWithOutcome::run_caching_errors), a replayed error is an
+    /// [`run_caching_errors`](Call::run_caching_errors), a replayed error is an
     /// `Err` too, and carries no origin).
     ///
     /// ```
@@ -240,63 +291,21 @@ impl<'a, C: Codec> Call<'a, C> {
     /// # Ok(()) }
     /// ```
     pub fn with_outcome(self) -> CallWithOutcome<'a, C> {
-        CallWithOutcome(self)
+        self.answering()
     }
 }
 
-/// The option setters of a [`CallWithOutcome`]: the [`Call`]'s.
-macro_rules! forward_options {
-    ($($(#[$doc:meta])* $name:ident($arg:ident: $ty:ty);)*) => {$(
-        $(#[$doc])*
-        pub fn $name(self, $arg: $ty) -> Self {
-            CallWithOutcome(self.0.$name($arg))
-        }
-    )*};
-}
-
-impl<'a, C: Codec> CallWithOutcome<'a, C> {
-    forward_options! {
-        /// The time to live of this call's result: see [`Call::ttl`].
-        ttl(ttl: Duration);
-        /// The lease of this call's claim: see [`Call::lease`].
-        lease(lease: Duration);
-        /// What a concurrent duplicate of this call does: see [`Call::in_progress`].
-        in_progress(mode: InProgress);
-        /// How long this call waits for a concurrent duplicate: see [`Call::wait_timeout`].
-        wait_timeout(timeout: Duration);
-        /// The retry-after hint of this call's [`Error::InProgress`]: see [`Call::retry_after`].
-        retry_after(hint: Duration);
-        /// What the body does if its lease is lost: see [`Call::lease_loss`].
-        lease_loss(mode: LeaseLoss);
-        /// The version of this call's result format: see [`Call::version`].
-        version(version: u64);
-        /// What the call does when its key is missing: see [`Call::missing_key`].
-        missing_key(mode: MissingKey);
-    }
-
-    /// Runs the body at most once per key, even across a crash: see [`Call::at_most_once`].
-    pub fn at_most_once(self) -> Self {
-        CallWithOutcome(self.0.at_most_once())
-    }
-
-    /// The codec of this call's result: see [`Call::codec`].
-    pub fn codec<C2: Codec>(self, codec: C2) -> CallWithOutcome<'a, C2> {
-        CallWithOutcome(self.0.codec(codec))
-    }
-}
-
-/// What the run methods of a kind of call answer for a value `T`: `T` for a [`Call`],
-/// `Outcome<T>` for a [`CallWithOutcome`]. Not a public API: it lets the engine's run
-/// functions, and `#[idempotent]`'s expansion, take either kind of call. It has no
-/// lifetime of its own (the call's is reached through `Self: 'a`), so that a future with
-/// this bound stays `Send` where a spawned task needs it to be.
+/// What the run methods of a call answer for a value `T`, as the engine's run functions
+/// and `#[idempotent]`'s expansion take it. Not a public API. It has no lifetime of its own
+/// (the call's is reached through `Self: 'a`), so that a future with this bound stays
+/// `Send` where a spawned task needs it to be.
 #[doc(hidden)]
 pub trait Answers: Sized {
     /// The codec of the call's result.
     type Codec: Codec;
     /// The answer for a value `T`.
     type Out<T>;
-    /// The call itself.
+    /// The call itself, answering its bare value.
     fn into_call<'a>(self) -> Call<'a, Self::Codec>
     where
         Self: 'a;
@@ -304,31 +313,17 @@ pub trait Answers: Sized {
     fn answer<T>(value: T, origin: Origin) -> Self::Out<T>;
 }
 
-impl<C: Codec> Answers for Call<'_, C> {
+impl<C: Codec, A: Answer> Answers for Call<'_, C, A> {
     type Codec = C;
-    type Out<T> = T;
+    type Out<T> = A::Out<T>;
     fn into_call<'a>(self) -> Call<'a, C>
     where
         Self: 'a,
     {
-        self
+        self.answering()
     }
-    fn answer<T>(value: T, _: Origin) -> T {
-        value
-    }
-}
-
-impl<C: Codec> Answers for CallWithOutcome<'_, C> {
-    type Codec = C;
-    type Out<T> = Outcome<T>;
-    fn into_call<'a>(self) -> Call<'a, C>
-    where
-        Self: 'a,
-    {
-        self.0
-    }
-    fn answer<T>(value: T, origin: Origin) -> Outcome<T> {
-        Outcome::new(value, origin)
+    fn answer<T>(value: T, origin: Origin) -> A::Out<T> {
+        A::answer(value, origin)
     }
 }
 

@@ -55,7 +55,10 @@ mod step_run;
 mod store_op;
 
 pub use builder::IdemBuilder;
-pub use call::{Answers, Call, CallWithOutcome, InProgress, LeaseLoss, MissingKey, RequestPrint};
+pub use call::{
+    Answer, Answers, Bare, Call, CallWithOutcome, InProgress, LeaseLoss, MissingKey, RequestPrint,
+    WithOutcome,
+};
 pub use complete::{Share, ValueEq, ValueOps};
 pub use context::fence;
 pub use outcome::{Origin, Outcome};
@@ -225,6 +228,7 @@ impl Idem {
             version: 0,
             missing_key: MissingKey::Error,
             codec: self.inner.codec,
+            answer: std::marker::PhantomData,
         }
     }
 

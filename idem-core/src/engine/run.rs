@@ -1,7 +1,7 @@
 //! The ways to run a call's body: a value, a fallible body, a body whose chosen errors are
 //! kept. Each goes through the one state machine in [`execute`](super::execute), which
-//! answers what happened; the run method answers the outcome from it, bare for a [`Call`]
-//! and as an [`Outcome`] for a [`CallWithOutcome`].
+//! answers what happened; the run method answers the outcome from it, as the call's
+//! [`Answer`] says: bare, or as an [`Outcome`](super::Outcome).
 //!
 //! The three functions at the bottom are the whole path; the methods, and the helpers
 //! `#[idempotent]` expands to (`idem::__private::run`...), call them. They return the
@@ -12,19 +12,20 @@ use std::future::Future;
 
 use serde::{de::DeserializeOwned, Serialize};
 
+use super::call::Answer;
 use super::call::Answers;
 use super::complete::{CacheIf, NoCache, ValueEq, ValueOps};
 use super::execute::Happened;
-use super::{Call, CallWithOutcome, Outcome};
+use super::Call;
 use crate::codec::Codec;
 use crate::error::Error;
 
-impl<'a, C: Codec> Call<'a, C> {
+impl<'a, C: Codec, A: Answer> Call<'a, C, A> {
     /// Runs a body that cannot fail: its value is stored and replayed.
     pub fn run<T, F, Fut>(
         self,
         body: F,
-    ) -> impl Future<Output = Result<T, Error>> + use<'a, C, T, F, Fut>
+    ) -> impl Future<Output = Result<A::Out<T>, Error>> + use<'a, C, A, T, F, Fut>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = T>,
@@ -38,7 +39,7 @@ impl<'a, C: Codec> Call<'a, C> {
     pub fn run_fallible<T, E, F, Fut>(
         self,
         body: F,
-    ) -> impl Future<Output = Result<T, E>> + use<'a, C, T, E, F, Fut>
+    ) -> impl Future<Output = Result<A::Out<T>, E>> + use<'a, C, A, T, E, F, Fut>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
@@ -49,58 +50,13 @@ impl<'a, C: Codec> Call<'a, C> {
     }
 
     /// Like [`run_fallible`](Self::run_fallible), but an `Err` for which `cache_if` answers
-    /// true is stored and replayed like a success (a declined card stays declined).
+    /// true is stored and replayed like a success (a declined card stays declined). With
+    /// an [`Outcome`](super::Outcome), a replayed error is an `Err`, without one.
     pub fn run_caching_errors<T, E, F, Fut, P>(
         self,
         cache_if: P,
         body: F,
-    ) -> impl Future<Output = Result<T, E>> + use<'a, C, T, E, F, Fut, P>
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-        T: Serialize + DeserializeOwned,
-        E: From<Error> + Serialize + DeserializeOwned,
-        P: Fn(&E) -> bool,
-    {
-        run_caching_errors(self, (ValueOps::NONE, None), cache_if, body)
-    }
-}
-
-impl<'a, C: Codec> CallWithOutcome<'a, C> {
-    /// [`Call::run`], answering the value's [`Outcome`].
-    pub fn run<T, F, Fut>(
-        self,
-        body: F,
-    ) -> impl Future<Output = Result<Outcome<T>, Error>> + use<'a, C, T, F, Fut>
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = T>,
-        T: Serialize + DeserializeOwned,
-    {
-        run(self, ValueOps::NONE, body)
-    }
-
-    /// [`Call::run_fallible`], answering the value's [`Outcome`].
-    pub fn run_fallible<T, E, F, Fut>(
-        self,
-        body: F,
-    ) -> impl Future<Output = Result<Outcome<T>, E>> + use<'a, C, T, E, F, Fut>
-    where
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<T, E>>,
-        T: Serialize + DeserializeOwned,
-        E: From<Error>,
-    {
-        run_fallible(self, ValueOps::NONE, E::from, body)
-    }
-
-    /// [`Call::run_caching_errors`], answering the value's [`Outcome`]; a replayed error is
-    /// an `Err`, without one.
-    pub fn run_caching_errors<T, E, F, Fut, P>(
-        self,
-        cache_if: P,
-        body: F,
-    ) -> impl Future<Output = Result<Outcome<T>, E>> + use<'a, C, T, E, F, Fut, P>
+    ) -> impl Future<Output = Result<A::Out<T>, E>> + use<'a, C, A, T, E, F, Fut, P>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
