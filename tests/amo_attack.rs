@@ -527,10 +527,7 @@ async fn a12_step_resolved_with_wrong_type_has_a_way_out() {
 
 mod takeover {
     use super::*;
-    use idem::{
-        store::Bytes, store::Record, store::Store, store::StoreError, store::StoreWrapper,
-        store::Token,
-    };
+    use idem::{store::Store, store::StoreError, store::StoreWrapper, store::Token};
     use std::sync::atomic::AtomicBool;
 
     #[derive(Debug)]
@@ -544,18 +541,6 @@ mod takeover {
         type Inner = MemoryStore;
         fn inner(&self) -> &MemoryStore {
             &self.inner
-        }
-        async fn complete(
-            &self,
-            key: &Key,
-            token: Token,
-            payload: Bytes,
-            ttl: Duration,
-        ) -> Result<(), StoreError> {
-            self.inner.complete(key, token, payload, ttl).await
-        }
-        async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-            self.inner.get(key).await
         }
         async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
             if self.refuse.load(SeqCst) {
