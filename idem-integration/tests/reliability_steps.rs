@@ -28,6 +28,8 @@
 //!   cargo test -p idem-integration --all-features --test reliability_steps
 //! ```
 
+mod common;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -423,11 +425,7 @@ async fn finished_once(idem: &Idem, key: &Key, effects: &Effects, receipt: &[Str
 /// kills the process once every one has said so).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reliability_steps_crash_child() {
-    let (Ok(url), Ok(run), Ok(dir)) = (
-        std::env::var(URL_VAR),
-        std::env::var(RUN_VAR),
-        std::env::var(DIR_VAR),
-    ) else {
+    let Some((url, run, dir)) = common::child_env(URL_VAR, RUN_VAR, DIR_VAR) else {
         return;
     };
     let idem = engine(open(&url).await, LEASE);

@@ -15,6 +15,8 @@
     feature = "redis-cluster"
 ))]
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -266,11 +268,7 @@ fn now_us() -> u128 {
 /// clock of its first call's start and its last call's end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reliability_stress_child() {
-    let (Ok(url), Ok(run), Ok(dir)) = (
-        std::env::var(CHILD_URL),
-        std::env::var(CHILD_RUN),
-        std::env::var(CHILD_DIR),
-    ) else {
+    let Some((url, run, dir)) = common::child_env(CHILD_URL, CHILD_RUN, CHILD_DIR) else {
         return;
     };
     let dir = std::path::PathBuf::from(dir);

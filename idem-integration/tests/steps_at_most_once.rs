@@ -8,6 +8,8 @@
 //! each send in a file, says so, and hangs inside the step; the parent kills it there.
 //! Servers come from `IDEM_TEST_*` as in `reliability_steps.rs`.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -108,11 +110,7 @@ async fn send(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_most_once_crash_child() {
-    let (Ok(url), Ok(run), Ok(dir)) = (
-        std::env::var(URL_VAR),
-        std::env::var(RUN_VAR),
-        std::env::var(DIR_VAR),
-    ) else {
+    let Some((url, run, dir)) = common::child_env(URL_VAR, RUN_VAR, DIR_VAR) else {
         return;
     };
     let idem = engine(idem::stores::connect(&url).await.unwrap());
