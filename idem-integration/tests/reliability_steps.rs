@@ -30,10 +30,12 @@
 
 mod common;
 
+use std::ffi::OsStr;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -449,20 +451,15 @@ async fn killed_at_each_boundary(backend: Backend) {
     };
     let started = Instant::now();
     let run = unique(&format!("{backend:?}-crash"));
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "reliability_steps_crash_child",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(URL_VAR, &url)
-        .env(RUN_VAR, &run)
-        .env(DIR_VAR, dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn_child(
+        "reliability_steps_crash_child",
+        [
+            (URL_VAR, OsStr::new(&url)),
+            (RUN_VAR, OsStr::new(&run)),
+            (DIR_VAR, OsStr::new(dir.path())),
+        ],
+        Stdio::piped(),
+    );
     let stdout = child.stdout.take().unwrap();
     let reached = tokio::task::spawn_blocking(move || {
         let mut reached = Vec::new();

@@ -10,9 +10,11 @@
 
 mod common;
 
+use std::ffi::OsStr;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem::testing::backend_url;
@@ -139,20 +141,15 @@ async fn killed_inside_the_step(url: Option<String>, backend: &str) {
     let Some(url) = url else { return };
     let dir = tempfile::tempdir().unwrap();
     let run = unique();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "at_most_once_crash_child",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(URL_VAR, &url)
-        .env(RUN_VAR, &run)
-        .env(DIR_VAR, dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn_child(
+        "at_most_once_crash_child",
+        [
+            (URL_VAR, OsStr::new(&url)),
+            (RUN_VAR, OsStr::new(&run)),
+            (DIR_VAR, OsStr::new(dir.path())),
+        ],
+        Stdio::null(),
+    );
     let stdout = child.stdout.take().unwrap();
     let reached = tokio::task::spawn_blocking(move || {
         BufReader::new(stdout)

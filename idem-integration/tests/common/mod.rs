@@ -26,3 +26,25 @@ pub fn child_env(url: &str, run: &str, dir: &str) -> Option<(String, String, Str
     let var = |name: &str| std::env::var(name).ok();
     Some((var(url)?, var(run)?, var(dir)?))
 }
+
+/// This test binary again, running only the test `test`, with the variables `env`: its
+/// stdout piped, its stderr as `stderr` says.
+pub fn spawn_child(
+    test: &str,
+    env: [(&str, &std::ffi::OsStr); 3],
+    stderr: std::process::Stdio,
+) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .envs(env)
+        .stdout(std::process::Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .unwrap()
+}
+
+/// A run's name: `backend`, the process and the time.
+pub fn run_name(backend: &str) -> String {
+    let nanos = std::time::UNIX_EPOCH.elapsed().unwrap().as_nanos();
+    format!("{backend}-{}-{nanos:x}", std::process::id())
+}
