@@ -1,5 +1,7 @@
 //! Hostile review of at-most-once steps and calls, on the memory store with a paused clock.
 
+mod support;
+
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,10 +15,7 @@ fn key(id: &str) -> Key {
 }
 
 fn ambiguous() -> Error {
-    Error::Config {
-        message: "gateway timeout".into(),
-        source: None,
-    }
+    support::engine::ambiguous("gateway timeout")
 }
 
 fn idem(lease: u64) -> Idem {
