@@ -1,5 +1,7 @@
 //! Hostile review of at-most-once steps and calls, on the memory store with a paused clock.
 
+mod support;
+
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,10 +15,7 @@ fn key(id: &str) -> Key {
 }
 
 fn ambiguous() -> Error {
-    Error::Config {
-        message: "gateway timeout".into(),
-        source: None,
-    }
+    support::engine::ambiguous("gateway timeout")
 }
 
 fn idem(lease: u64) -> Idem {
@@ -527,10 +526,7 @@ async fn a12_step_resolved_with_wrong_type_has_a_way_out() {
 
 mod takeover {
     use super::*;
-    use idem::{
-        store::Bytes, store::Record, store::Store, store::StoreError, store::StoreWrapper,
-        store::Token,
-    };
+    use idem::{store::Store, store::StoreError, store::StoreWrapper, store::Token};
     use std::sync::atomic::AtomicBool;
 
     #[derive(Debug)]
@@ -544,18 +540,6 @@ mod takeover {
         type Inner = MemoryStore;
         fn inner(&self) -> &MemoryStore {
             &self.inner
-        }
-        async fn complete(
-            &self,
-            key: &Key,
-            token: Token,
-            payload: Bytes,
-            ttl: Duration,
-        ) -> Result<(), StoreError> {
-            self.inner.complete(key, token, payload, ttl).await
-        }
-        async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-            self.inner.get(key).await
         }
         async fn extend(&self, key: &Key, token: Token, lease: Duration) -> Result<(), StoreError> {
             if self.refuse.load(SeqCst) {

@@ -9,12 +9,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use idem::{
-    store::Claim, store::Store, store::Token, Error, Fingerprint, Idem, InProgress, Key,
-    MemoryStore,
-};
+use idem::{store::Claim, store::Store, Error, Fingerprint, Idem, InProgress, Key, MemoryStore};
 use support::engine::{key, setup, PayError};
-use support::stores::{CountingClaims, Faulty};
+use support::stores::{ClaimFresh, CountingClaims, Faulty};
 
 // On tokio's paused clock: the head start below is exact, not a hope.
 #[tokio::test(start_paused = true)]
@@ -269,12 +266,7 @@ async fn a_retry_after_hint_never_exceeds_the_remaining_lease_nor_is_zero() {
     // A holder (without heartbeat) whose 300 ms lease has 100 ms left.
     let k = key("retry-after-bounded");
     let claim = store
-        .claim(
-            &k,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_millis(300),
-        )
+        .claim_fresh(&k, Duration::from_millis(300))
         .await
         .unwrap();
     assert!(matches!(claim, Claim::Acquired { .. }), "{claim:?}");

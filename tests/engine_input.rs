@@ -6,11 +6,9 @@ mod support;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use idem::{
-    store::Bytes, store::Claim, store::Store, store::Token, Error, Fingerprint, Idem, Key,
-    MemoryStore,
-};
+use idem::{store::Bytes, store::Claim, store::Store, Error, Fingerprint, Idem, Key, MemoryStore};
 use support::engine::{key, setup};
+use support::stores::ClaimFresh;
 
 #[tokio::test]
 async fn bad_input_is_refused_before_any_store_access() {
@@ -128,12 +126,7 @@ async fn huge_durations_are_refused_not_overflowed() {
     // A store used directly saturates instead of panicking.
     let memory = MemoryStore::new();
     let Claim::Acquired { token, .. } = memory
-        .claim(
-            &key("direct"),
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::MAX,
-        )
+        .claim_fresh(&key("direct"), Duration::MAX)
         .await
         .unwrap()
     else {

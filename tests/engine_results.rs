@@ -10,26 +10,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idem::{
-    store::Bytes, store::Claim, store::Record, store::Store, store::Token, DecodeError, Error,
-    Fingerprint, Idem, Key, Origin,
+    store::Bytes, store::Claim, store::Record, store::Store, DecodeError, Error, Fingerprint, Idem,
+    Key, Origin,
 };
 use support::engine::{key, setup, PayError};
-use support::stores::Faulty;
+use support::stores::{ClaimFresh, Faulty};
 
 #[tokio::test]
 async fn records_that_do_not_decode_are_errors_naming_the_key() {
     let (store, idem) = setup();
     // Junk bytes under the key.
     let k = key("junk");
-    let Claim::Acquired { token, .. } = store
-        .claim(
-            &k,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap()
+    let Claim::Acquired { token, .. } =
+        store.claim_fresh(&k, Duration::from_secs(5)).await.unwrap()
     else {
         panic!()
     };

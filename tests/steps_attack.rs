@@ -5,6 +5,8 @@
 //! Interleavings are forced with a gate: a store wrapper that stops a chosen operation of a
 //! chosen task (a task-local tag) until the test lets it go.
 
+mod support;
+
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,10 +27,7 @@ fn key(id: &str) -> Key {
 }
 
 fn ambiguous() -> Error {
-    Error::Config {
-        message: "gateway timed out after the request was sent".into(),
-        source: None,
-    }
+    support::engine::ambiguous("gateway timed out after the request was sent")
 }
 
 fn is_step(key: &Key) -> bool {

@@ -4,6 +4,8 @@
 //! panic after an unrecorded step, and store answers that come late. The same races on every
 //! backend are in `idem-integration/tests/steps_races_every_store.rs`.
 
+mod support;
+
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,10 +23,7 @@ fn key(id: &str) -> Key {
 }
 
 fn ambiguous() -> Error {
-    Error::Config {
-        message: "the gateway timed out after the request was sent".into(),
-        source: None,
-    }
+    support::engine::ambiguous("the gateway timed out after the request was sent")
 }
 
 fn refused() -> StoreError {

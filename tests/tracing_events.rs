@@ -4,9 +4,11 @@
 
 mod support;
 
+use support::stores::ClaimFresh;
+
 use std::time::Duration;
 
-use idem::{store::Store, store::Token, Fingerprint, Idem, Key, MemoryStore};
+use idem::{Fingerprint, Idem, Key, MemoryStore};
 
 fn key(id: &str) -> Key {
     Key::new("engine-tests", id).unwrap()
@@ -46,12 +48,7 @@ async fn tracing_events_mark_claim_replay_complete_release_and_takeover() {
         .await;
     // A holder that vanished: its lease ends and the next call takes over.
     store
-        .claim(
-            &key("t3"),
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_secs(1),
-        )
+        .claim_fresh(&key("t3"), Duration::from_secs(1))
         .await
         .unwrap();
     tokio::time::advance(Duration::from_secs(2)).await;

@@ -12,10 +12,13 @@
 //! ```
 #![cfg(all(feature = "sqlite", feature = "postgres", feature = "redis"))]
 
+mod common;
+
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use idem::testing::backend_url;
 use idem::{idempotent, Error, Idem, Key};
@@ -61,20 +64,15 @@ async fn reliability_crash_child() {
 }
 
 fn child(mode: &str, url: &str, id: &str) -> Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            "reliability_crash_child",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(MODE, mode)
-        .env(URL, url)
-        .env(ID, id)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+    common::spawn_child(
+        "reliability_crash_child",
+        [
+            (MODE, OsStr::new(&mode)),
+            (URL, OsStr::new(&url)),
+            (ID, OsStr::new(&id)),
+        ],
+        Stdio::piped(),
+    )
 }
 
 /// Runs a `complete` child to its end; its answer and whether its body ran.
@@ -93,18 +91,10 @@ fn complete_in_child(url: &str, id: &str) -> (String, bool) {
     (answer, stdout.contains("IDEM-RAN"))
 }
 
-fn unique_id(backend: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{backend}-{}-{nanos:x}", std::process::id())
-}
-
 /// SIGKILL in the body; then: the key is in progress until the lease ends, the next call
 /// after it runs the body exactly once, and every later call replays that result.
 async fn killed_in_the_body(backend: &str, url: &str) {
-    let id = unique_id(backend);
+    let id = common::run_name(backend);
     // Before the child claims: its lease (extended while it lived) ends at least LEASE
     // after this, whatever the machine's load did to reading its pipe or to the kill.
     let spawned_at = Instant::now();
@@ -182,7 +172,7 @@ async fn killed_in_the_body(backend: &str, url: &str) {
 
 /// A result stored by one process is the answer of the next one, which does not run.
 async fn survives_the_calling_process(backend: &str, url: &str) {
-    let id = unique_id(backend);
+    let id = common::run_name(backend);
     let (url, id2) = (url.to_owned(), id.clone());
     let (first, second) = tokio::task::spawn_blocking(move || {
         (complete_in_child(&url, &id2), complete_in_child(&url, &id2))

@@ -31,7 +31,7 @@
 #[path = "../../idem-stores/tests/support/mod.rs"]
 mod support;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -567,8 +567,6 @@ async fn run_case(
     Ok(())
 }
 
-static CASES: AtomicU64 = AtomicU64::new(0);
-
 /// `default` cases, times `IDEM_RELIABILITY_SCALE` (1 when unset; `.ci/run` sets more).
 fn cases(default: u32) -> u32 {
     let scale: u32 = std::env::var("IDEM_RELIABILITY_SCALE")
@@ -578,16 +576,9 @@ fn cases(default: u32) -> u32 {
     default * scale
 }
 
+/// A scope no other case, process or run uses.
 fn scope(backend: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!(
-        "reliability.model.{backend}.{}.{nanos:x}.{}",
-        std::process::id(),
-        CASES.fetch_add(1, Ordering::Relaxed)
-    )
+    idem_core::testing::unique_scope(&format!("reliability.model.{backend}"))
 }
 
 /// Runs `cases` sequences, each in a scope of its own on `store`, `block`ed on by

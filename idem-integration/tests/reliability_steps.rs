@@ -28,10 +28,14 @@
 //!   cargo test -p idem-integration --all-features --test reliability_steps
 //! ```
 
+mod common;
+
+use std::ffi::OsStr;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -423,11 +427,7 @@ async fn finished_once(idem: &Idem, key: &Key, effects: &Effects, receipt: &[Str
 /// kills the process once every one has said so).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reliability_steps_crash_child() {
-    let (Ok(url), Ok(run), Ok(dir)) = (
-        std::env::var(URL_VAR),
-        std::env::var(RUN_VAR),
-        std::env::var(DIR_VAR),
-    ) else {
+    let Some((url, run, dir)) = common::child_env(URL_VAR, RUN_VAR, DIR_VAR) else {
         return;
     };
     let idem = engine(open(&url).await, LEASE);
@@ -451,20 +451,15 @@ async fn killed_at_each_boundary(backend: Backend) {
     };
     let started = Instant::now();
     let run = unique(&format!("{backend:?}-crash"));
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "reliability_steps_crash_child",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(URL_VAR, &url)
-        .env(RUN_VAR, &run)
-        .env(DIR_VAR, dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn_child(
+        "reliability_steps_crash_child",
+        [
+            (URL_VAR, OsStr::new(&url)),
+            (RUN_VAR, OsStr::new(&run)),
+            (DIR_VAR, OsStr::new(dir.path())),
+        ],
+        Stdio::piped(),
+    );
     let stdout = child.stdout.take().unwrap();
     let reached = tokio::task::spawn_blocking(move || {
         let mut reached = Vec::new();

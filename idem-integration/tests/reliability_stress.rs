@@ -15,6 +15,10 @@
     feature = "redis-cluster"
 ))]
 
+mod common;
+
+use std::ffi::OsStr;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -57,14 +61,6 @@ async fn wait_mode(idem: &Idem, runs: &Runs, k: usize, id: String) -> String {
     id.replace("/k-", "/value-")
 }
 
-fn run_name(backend: &str) -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    format!("{backend}-{}-{nanos:x}", std::process::id())
-}
-
 fn id_of(run: &str, k: usize) -> String {
     format!("{run}/k-{k}")
 }
@@ -83,7 +79,7 @@ fn engine(store: Arc<dyn idem::store::Store>) -> Idem {
 /// 1000 callers, caller `i` on key `i % 100` through engine `i % 2`, started together.
 /// Reject mode: a caller told `InProgress` tries again after the hint, as a client would.
 async fn stress(backend: &str, engines: [Idem; 2], wait: bool) {
-    let run = run_name(backend);
+    let run = common::run_name(backend);
     let engines = Arc::new(engines);
     let runs = Arc::new(Runs::new());
     let barrier = Arc::new(tokio::sync::Barrier::new(CALLERS));
@@ -266,11 +262,7 @@ fn now_us() -> u128 {
 /// clock of its first call's start and its last call's end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reliability_stress_child() {
-    let (Ok(url), Ok(run), Ok(dir)) = (
-        std::env::var(CHILD_URL),
-        std::env::var(CHILD_RUN),
-        std::env::var(CHILD_DIR),
-    ) else {
+    let Some((url, run, dir)) = common::child_env(CHILD_URL, CHILD_RUN, CHILD_DIR) else {
         return;
     };
     let dir = std::path::PathBuf::from(dir);
@@ -313,28 +305,22 @@ async fn reliability_stress_child() {
 
 /// Two processes, 500 callers each over the same 100 keys on the backend at `url`.
 fn two_processes(backend: &str, url: &str) {
-    let run = run_name(backend);
+    let run = common::run_name(backend);
     let rt = tokio::runtime::Runtime::new().unwrap();
     // Creates the table (or file) before the children race to.
     let idem = rt.block_on(idem::connect(url)).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let exe = std::env::current_exe().unwrap();
     let children: Vec<_> = (0..2)
         .map(|_| {
-            std::process::Command::new(&exe)
-                .args([
-                    "reliability_stress_child",
-                    "--exact",
-                    "--nocapture",
-                    "--test-threads=1",
-                ])
-                .env(CHILD_URL, url)
-                .env(CHILD_RUN, &run)
-                .env(CHILD_DIR, dir.path())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .unwrap()
+            common::spawn_child(
+                "reliability_stress_child",
+                [
+                    (CHILD_URL, OsStr::new(&url)),
+                    (CHILD_RUN, OsStr::new(&run)),
+                    (CHILD_DIR, OsStr::new(dir.path())),
+                ],
+                std::process::Stdio::piped(),
+            )
         })
         .collect();
     let mut ran: HashMap<usize, u32> = HashMap::new();

@@ -8,9 +8,13 @@
 //! each send in a file, says so, and hangs inside the step; the parent kills it there.
 //! Servers come from `IDEM_TEST_*` as in `reliability_steps.rs`.
 
+mod common;
+
+use std::ffi::OsStr;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem::testing::backend_url;
@@ -108,11 +112,7 @@ async fn send(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_most_once_crash_child() {
-    let (Ok(url), Ok(run), Ok(dir)) = (
-        std::env::var(URL_VAR),
-        std::env::var(RUN_VAR),
-        std::env::var(DIR_VAR),
-    ) else {
+    let Some((url, run, dir)) = common::child_env(URL_VAR, RUN_VAR, DIR_VAR) else {
         return;
     };
     let idem = engine(idem::stores::connect(&url).await.unwrap());
@@ -141,20 +141,15 @@ async fn killed_inside_the_step(url: Option<String>, backend: &str) {
     let Some(url) = url else { return };
     let dir = tempfile::tempdir().unwrap();
     let run = unique();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "at_most_once_crash_child",
-            "--exact",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(URL_VAR, &url)
-        .env(RUN_VAR, &run)
-        .env(DIR_VAR, dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn_child(
+        "at_most_once_crash_child",
+        [
+            (URL_VAR, OsStr::new(&url)),
+            (RUN_VAR, OsStr::new(&run)),
+            (DIR_VAR, OsStr::new(dir.path())),
+        ],
+        Stdio::null(),
+    );
     let stdout = child.stdout.take().unwrap();
     let reached = tokio::task::spawn_blocking(move || {
         BufReader::new(stdout)

@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idem::testing::backend_url;
 use idem::{
-    steps::Resolution, steps::Resolved, steps::Step, store::Bytes, store::Record, store::Store,
-    store::StoreError, store::StoreWrapper, Error, Fingerprint, Idem, Key,
+    steps::Resolution, steps::Resolved, steps::Step, store::Bytes, store::Store, store::StoreError,
+    store::StoreWrapper, Error, Fingerprint, Idem, Key,
 };
 use tokio::sync::Notify;
 
@@ -96,9 +96,6 @@ impl StoreWrapper for Gated {
             }
         }
         self.inner.replace(key, expected, new).await
-    }
-    async fn get(&self, key: &Key) -> Result<Option<Record>, StoreError> {
-        self.inner.get(key).await
     }
 }
 

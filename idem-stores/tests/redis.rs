@@ -26,6 +26,7 @@ use support::redis_server::{
     admin, claim_new, complete_new, counted, key, resends_acquire_while_own_tokens_race,
     round_trips, shared_store, waiting_engine, PrivateRedis, URL_VAR,
 };
+use support::ClaimFresh;
 
 idem_core::conformance_tests!(redis, shared_store());
 
@@ -105,15 +106,7 @@ async fn scripts_load_again_after_the_server_forgets_them() {
         .unwrap();
     let k = key("noscript", "k");
     assert!(matches!(
-        store
-            .claim(
-                &k,
-                &Fingerprint::NONE,
-                Token::random(),
-                Duration::from_secs(5)
-            )
-            .await
-            .unwrap(),
+        store.claim_fresh(&k, Duration::from_secs(5)).await.unwrap(),
         Claim::Acquired { .. }
     ));
 }
@@ -232,23 +225,13 @@ async fn without_a_recovery_window_a_takeover_is_not_reported_as_recovered() {
     assert!(!forgetful.capabilities().reports_recovery);
     let k = key(&unique_scope("redis-forgetful"), "k");
     forgetful
-        .claim(
-            &k,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_millis(100),
-        )
+        .claim_fresh(&k, Duration::from_millis(100))
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(matches!(
         forgetful
-            .claim(
-                &k,
-                &Fingerprint::NONE,
-                Token::random(),
-                Duration::from_secs(5)
-            )
+            .claim_fresh(&k, Duration::from_secs(5))
             .await
             .unwrap(),
         Claim::Acquired {

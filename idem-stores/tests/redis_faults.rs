@@ -18,9 +18,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use idem_core::testing::{backend_url, unique_scope};
-use idem_core::{Error, Fingerprint, Idem, Store, StoreError, Token};
+use idem_core::{Error, Fingerprint, Idem, Store, StoreError};
 use idem_stores::{LostRecords, RedisStore};
 use support::redis_server::{admin, key, kill_normal_clients, PrivateRedis, URL_VAR};
+use support::ClaimFresh;
 
 // --- faults ---------------------------------------------------------------------------
 
@@ -196,14 +197,7 @@ async fn a_frozen_server_times_out_within_the_command_timeout() {
     let k = key(&unique_scope("redis-frozen"), "k");
     server.signal("-STOP");
     let started = Instant::now();
-    let res = store
-        .claim(
-            &k,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_secs(5),
-        )
-        .await;
+    let res = store.claim_fresh(&k, Duration::from_secs(5)).await;
     let took = started.elapsed();
     server.signal("-CONT");
     match res {

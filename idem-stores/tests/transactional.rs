@@ -9,6 +9,7 @@
 mod support;
 
 use support::tx::{self, Fixture};
+use support::ClaimFresh;
 
 macro_rules! transactional_tests {
     ($backend:ident, $fresh:expr, $db:ty) => {
@@ -16,7 +17,9 @@ macro_rules! transactional_tests {
             use std::sync::Arc;
             use std::time::Duration;
 
-            use idem_core::{Claim, Error, Fingerprint, Idem, Key, Origin, Store, Token};
+            use idem_core::{Claim, Error, Fingerprint, Idem, Key, Origin, Store};
+
+            use super::ClaimFresh;
 
             const DAY: Duration = Duration::from_secs(24 * 3600);
 
@@ -152,11 +155,7 @@ macro_rules! transactional_tests {
                 let held = key("msg-held");
                 let claim = f
                     .store
-                    .claim(
-                        &held,
-                        &Fingerprint::NONE,
-                        Token::random(),
-                        Duration::from_secs(30),
+                    .claim_fresh(&held, Duration::from_secs(30),
                     )
                     .await
                     .unwrap();

@@ -20,6 +20,15 @@ pub fn key(id: &str) -> Key {
     Key::new("engine-tests", id).unwrap()
 }
 
+/// An ambiguous failure of a call's side effect (it may or may not have happened):
+/// `message`, as a caller's own error.
+pub fn ambiguous(message: &str) -> Error {
+    Error::Config {
+        message: message.into(),
+        source: None,
+    }
+}
+
 /// A body's error: two of the caller's own, and idem's.
 #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum PayError {

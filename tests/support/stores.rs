@@ -4,6 +4,8 @@
 //! `Passing`, `BoundedButWaitHangs`), and ones that name their backend otherwise (`Unnamed`,
 //! `NamedAs`).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
@@ -11,6 +13,24 @@ use idem::{
     store::Bytes, store::Claim, store::Record, store::Store, store::StoreError,
     store::StoreWrapper, store::Token, Fingerprint, Key, MemoryStore,
 };
+
+// --- taking a key directly ---------------------------------------------------------------
+
+/// `claim` as another caller takes a key: no fingerprint, a fresh token.
+pub trait ClaimFresh {
+    fn claim_fresh<'a>(&'a self, key: &'a Key, lease: Duration) -> ClaimFuture<'a>;
+}
+
+pub type ClaimFuture<'a> = Pin<Box<dyn Future<Output = Result<Claim, StoreError>> + Send + 'a>>;
+
+impl<S: Store + ?Sized> ClaimFresh for S {
+    fn claim_fresh<'a>(&'a self, key: &'a Key, lease: Duration) -> ClaimFuture<'a> {
+        Box::pin(async move {
+            self.claim(key, &Fingerprint::NONE, Token::random(), lease)
+                .await
+        })
+    }
+}
 
 // --- counting and failing -------------------------------------------------------------
 

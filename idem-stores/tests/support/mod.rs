@@ -27,6 +27,22 @@ pub const STEP: Duration = Duration::from_millis(400);
 /// 3 s command timeout on Redis (400 ms + 2 s stays below it).
 pub const MARGIN: Duration = Duration::from_secs(2);
 
+/// A key taken directly, as another caller takes it: no fingerprint, a fresh token.
+pub trait ClaimFresh: Store {
+    fn claim_fresh<'a>(
+        &'a self,
+        key: &'a Key,
+        lease: Duration,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Claim, StoreError>> + Send + 'a>>
+    {
+        Box::pin(async move {
+            self.claim(key, &Fingerprint::NONE, Token::random(), lease)
+                .await
+        })
+    }
+}
+impl<S: Store + ?Sized> ClaimFresh for S {}
+
 /// How one step ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {

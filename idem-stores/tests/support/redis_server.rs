@@ -15,6 +15,8 @@ use idem_core::testing::backend_url;
 use idem_core::{Claim, Fingerprint, Idem, InProgress, Key, Store, Token};
 use idem_stores::RedisStore;
 
+use super::ClaimFresh;
+
 pub const URL_VAR: &str = "IDEM_TEST_REDIS_URL";
 
 pub async fn shared_store() -> Option<RedisStore> {
@@ -41,15 +43,7 @@ pub fn key(scope: &str, id: &str) -> Key {
 
 /// What a claim of `k` with a token of its own (no fingerprint, a 30 s lease) answers.
 pub async fn claim_new(store: &dyn Store, k: &Key) -> Claim {
-    store
-        .claim(
-            k,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_secs(30),
-        )
-        .await
-        .unwrap()
+    store.claim_fresh(k, Duration::from_secs(30)).await.unwrap()
 }
 
 /// Claims `k` with a token of its own and completes it with `payload` (kept 60 s).

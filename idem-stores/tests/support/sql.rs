@@ -388,7 +388,7 @@ macro_rules! sql_store_tests {
 
 use std::time::Duration;
 
-use idem_core::{Bytes, Claim, Fingerprint, Key, Record, Store, Token};
+use idem_core::{Bytes, Claim, Fingerprint, Key, Record, Store, StoreError, Token};
 
 /// Ids a SQL store must keep apart and never splice: quotes, wildcards, placeholders, a
 /// statement, NUL, case, trailing space, unicode, 1 KiB.
@@ -474,18 +474,17 @@ pub async fn pool<DB: sqlx::Database>(url: &str, max: u32) -> sqlx::Pool<DB> {
         .unwrap_or_else(|e| panic!("connect to the test server: {e}"))
 }
 
+/// A claim of `k` as another caller takes it: no fingerprint, a fresh token, 30 s.
+async fn claim_30s(store: &dyn Store, k: &Key) -> Result<Claim, StoreError> {
+    let lease = Duration::from_secs(30);
+    store
+        .claim(k, &Fingerprint::NONE, Token::random(), lease)
+        .await
+}
+
 /// Claims `k` and completes it with `payload`.
 pub async fn complete(store: &dyn Store, k: &Key, payload: Bytes) {
-    let token = match store
-        .claim(
-            k,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_secs(30),
-        )
-        .await
-        .unwrap()
-    {
+    let token = match claim_30s(store, k).await.unwrap() {
         Claim::Acquired { token, .. } => token,
         other => panic!("{k} not acquired: {other:?}"),
     };
@@ -500,15 +499,7 @@ pub async fn completed_and_held(store: &dyn Store, scope: &str) -> (Key, Key) {
     let completed = Key::new(scope, "replay-reads").unwrap();
     complete(store, &completed, Bytes::from_static(b"v")).await;
     let held = Key::new(scope, "held-elsewhere").unwrap();
-    store
-        .claim(
-            &held,
-            &Fingerprint::NONE,
-            Token::random(),
-            Duration::from_secs(30),
-        )
-        .await
-        .unwrap();
+    claim_30s(store, &held).await.unwrap();
     (completed, held)
 }
 
@@ -522,18 +513,10 @@ pub async fn claims_answer_without_waiting(
     bound: Duration,
 ) {
     let claim = |k: Key| async move {
-        tokio::time::timeout(
-            bound,
-            store.claim(
-                &k,
-                &Fingerprint::NONE,
-                Token::random(),
-                Duration::from_secs(30),
-            ),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("the claim of {k} waited for a lock"))
-        .unwrap()
+        tokio::time::timeout(bound, claim_30s(store, &k))
+            .await
+            .unwrap_or_else(|_| panic!("the claim of {k} waited for a lock"))
+            .unwrap()
     };
     let replay = claim(completed.clone()).await;
     assert!(matches!(replay, Claim::Completed { .. }), "{replay:?}");
