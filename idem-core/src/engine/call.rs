@@ -244,20 +244,17 @@ impl<'a, C: Codec, A: Answer> Call<'a, C, A> {
 
     /// The codec of this call's result.
     pub fn codec<C2: Codec>(self, codec: C2) -> Call<'a, C2, A> {
-        Call {
-            idem: self.idem,
-            key: self.key,
-            print: self.print,
-            options: self.options,
-            version: self.version,
-            missing_key: self.missing_key,
-            codec,
-            answer: PhantomData,
-        }
+        self.recast(|_| codec)
     }
 
     /// This call, answering as `A2` does.
     fn answering<A2: Answer>(self) -> Call<'a, C, A2> {
+        self.recast(|codec| codec)
+    }
+
+    /// This call with its codec mapped by `codec` and answering as `A2` does; every option
+    /// kept.
+    fn recast<C2: Codec, A2: Answer>(self, codec: impl FnOnce(C) -> C2) -> Call<'a, C2, A2> {
         Call {
             idem: self.idem,
             key: self.key,
@@ -265,7 +262,7 @@ impl<'a, C: Codec, A: Answer> Call<'a, C, A> {
             options: self.options,
             version: self.version,
             missing_key: self.missing_key,
-            codec: self.codec,
+            codec: codec(self.codec),
             answer: PhantomData,
         }
     }
